@@ -448,23 +448,29 @@ class ProcessTree(object):
         return tree + [p for p in members if p.pid not in seen]
 
     def freeze(self, snap, targets):
-        """SIGSTOP the group and every target outside it that is provably ours."""
+        """SIGSTOP the group and each target outside it that is provably ours,
+        parents first, so none forks again. Returns how many were new."""
         self.signal_group(signal.SIGSTOP)
         outside = [p for p in targets if p.pgid != self.pgid and p.identity not in self.frozen]
-        pins = self._signal_each(snap, outside, signal.SIGSTOP)
-        self.frozen.update(pin.proc.identity for pin in pins)
-        for pin in pins:
+        proven = self._prove(snap, outside)
+        for pin in proven:
+            self._send(pin, signal.SIGSTOP)
+            self.frozen.add(pin.proc.identity)
             pin.close()
-        return len(pins)
+        return len(proven)
 
     def kill(self, snap, targets):
-        """SIGKILL the group and every target outside it that is provably ours;
-        return pins to wait on for every target."""
-        self.signal_group(signal.SIGKILL)
+        """SIGKILL the group and each target outside it that is provably ours;
+        return pins to wait on for what was signalled. Children die before
+        their parents, so no parent's death re-parents a child between its
+        proof and its signal. What cannot be proven is adopted, and ours, once
+        its parent dies: the next round kills it."""
         outside = [p for p in targets if p.pgid != self.pgid]
-        pins = self._signal_each(snap, outside, signal.SIGKILL)
-        signalled = set(pin.proc.pid for pin in pins)
-        return pins + self.pins([p for p in targets if p.pid not in signalled])
+        proven = self._prove(snap, outside)
+        self.signal_group(signal.SIGKILL)
+        for pin in reversed(proven):
+            self._send(pin, signal.SIGKILL)
+        return proven + self.pins([p for p in targets if p.pgid == self.pgid])
 
     def signal_group(self, sig):
         _kill_group(self.pgid, sig)
@@ -489,28 +495,31 @@ class ProcessTree(object):
                 except ChildProcessError:
                     pass
 
-    def _signal_each(self, snap, procs, sig):
-        """Signal each process that is provably ours, parents first; a process
-        we cannot prove is skipped: it is adopted, and ours, once its parent dies."""
-        trusted = {self.me}
-        pins = []
+    def _prove(self, snap, procs):
+        """Pins on the processes (parents first) that are provably ours now:
+        our own unreaped children, and processes whose parent is proven or a
+        current member of the group. The rest are skipped."""
+        trusted, proven = {self.me}, []
         for proc in procs:
             if proc.ppid == self.me:
-                _kill_child(proc.pid, sig)
-                trusted.add(proc.pid)
-                pins.extend(self.pins([proc]))
+                pin = (self.pins([proc]) or [None])[0]
+            elif proc.ppid in trusted or self._still_member(snap, proc.ppid):
+                pin = self._pin_verified(snap, proc)
+            else:
                 continue
-            if proc.ppid not in trusted and not self._still_member(snap, proc.ppid):
-                continue
-            pin = self._pin_verified(snap, proc)
             if pin is not None:
-                try:
-                    pidfd_send_signal(pin.fd, sig)
-                except ProcessLookupError:
-                    pass  # exited since the check: nothing to signal
                 trusted.add(proc.pid)
-                pins.append(pin)
-        return pins
+                proven.append(pin)
+        return proven
+
+    def _send(self, pin, sig):
+        if pin.proc.ppid == self.me:
+            _kill_child(pin.proc.pid, sig)  # our unreaped child: the pid is ours
+            return
+        try:
+            pidfd_send_signal(pin.fd, sig)
+        except ProcessLookupError:
+            pass  # it exited since the proof: nothing to signal
 
     def _still_member(self, snap, pid):
         """Is pid, now, the same process as in the snapshot and in our group?"""

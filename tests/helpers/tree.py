@@ -3,11 +3,14 @@
     python tree.py SPEC
 
 SPEC is a node: {"name": str, "session": bool, "group": bool,
-"ignore_term": bool, "detach": bool, "exit_early": bool, "children": [nodes]}.
+"ignore_term": bool, "detach": bool, "exit_early": bool, "exit_code": int,
+"stop_self": bool, "children": [nodes]}.
 session: setsid(); group: setpgid(0, 0); ignore_term: SIGTERM ignored;
 detach: started through an intermediate process that exits at once, so the
 node is adopted by the nearest subreaper; exit_early: exits once its
-subtree is built, so its children are adopted. Every node prints
+subtree is built, so its children are adopted (the root: the command exits
+by itself, with exit_code); stop_self: SIGSTOPs itself once reported.
+Every node prints
 "NODE name pid" when its subtree is built; the root then prints "READY".
 Stdlib only and Python 3.6+, like supervisor.py. The tree is bounded by the
 spec: nothing forks after READY.
@@ -39,7 +42,9 @@ def build(node, report_fd):
         os.write(report_fd, b"x")
         os.close(report_fd)
     if node.get("exit_early"):
-        os._exit(0)
+        os._exit(node.get("exit_code", 0))
+    if node.get("stop_self"):
+        os.kill(os.getpid(), signal.SIGSTOP)
     while True:
         signal.pause()
 
@@ -48,7 +53,10 @@ def spawn(node, report_fd):
     pid = os.fork()
     if pid:
         if node.get("detach"):
-            os.waitpid(pid, 0)  # the intermediate exits at once
+            try:
+                os.waitpid(pid, 0)  # the intermediate exits at once
+            except ChildProcessError:
+                pass  # the SIGCHLD reaper was first
         return
     try:
         if node.get("detach") and os.fork():

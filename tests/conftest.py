@@ -1,0 +1,270 @@
+"""Shared test machinery: run the CLI as users do, and prove no test leaks.
+
+The pytest process makes itself a child subreaper, so whatever a test starts
+and leaves behind (a preserved service, an escaped orphan) is re-parented to
+it. The autouse fixture `no_leaks` then finds every descendant the test added,
+kills them by pid (they are provably ours: our descendants, pinned by
+pidfd), and fails the test.
+"""
+import ctypes
+import glob
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUPERVISOR = os.path.join(ROOT, "supervisor.py")
+HELPERS = os.path.join(ROOT, "tests", "helpers")
+PY = sys.executable
+IS_ROOT = os.geteuid() == 0
+PR_SET_CHILD_SUBREAPER = 36
+
+
+# --- Interpreters -----------------------------------------------------------------
+
+def _version_of(python):
+    try:
+        out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.decode().strip() if out.returncode == 0 else None
+
+
+def discover_pythons():
+    """{"3.6": path, ...}: SUPERVISOR_TEST_PYTHONS (paths separated by ':'),
+    else every pyenv CPython 3.x, always with the one running the tests."""
+    listed = os.environ.get("SUPERVISOR_TEST_PYTHONS")
+    if listed:
+        candidates = listed.split(os.pathsep)
+    else:
+        pyenv_root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+        candidates = sorted(glob.glob(os.path.join(pyenv_root, "versions", "3.*", "bin", "python")))
+    found = {}
+    for python in candidates + [PY]:
+        version = _version_of(python)
+        if version and version.startswith("3."):
+            found.setdefault(version, python)
+    return dict(sorted(found.items(), key=lambda kv: tuple(int(x) for x in kv[0].split("."))))
+
+
+PYTHONS = discover_pythons()
+REQUIRED = [v for v in os.environ.get("SUPERVISOR_REQUIRE_PYTHONS", "").split(",") if v]
+
+
+def pytest_configure(config):
+    missing = [v for v in REQUIRED if v not in PYTHONS]
+    if missing:
+        raise pytest.UsageError("SUPERVISOR_REQUIRE_PYTHONS wants CPython %s, not found here "
+                                "(found %s)" % (", ".join(missing), ", ".join(PYTHONS)))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise pytest.UsageError("tests need Linux >= 3.4 (PR_SET_CHILD_SUBREAPER)")
+
+
+@pytest.fixture(params=sorted(PYTHONS, key=lambda v: tuple(map(int, v.split(".")))),
+                ids=lambda v: "py" + v)
+def any_python(request):
+    """Each CPython on the machine, for the tests every version must pass."""
+    return PYTHONS[request.param]
+
+
+# --- /proc ------------------------------------------------------------------------------
+
+def proc_stat(pid):
+    """(state, ppid, pgid, sid, start) of pid, or None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    return (fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
+
+
+def alive(pid, start=None):
+    """Is pid alive (not a zombie), and the same process when start is given?"""
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] not in "ZX" and (start is None or stat[4] == start)
+
+
+def all_procs():
+    procs = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = proc_stat(int(name))
+            if stat:
+                procs[int(name)] = stat
+    return procs
+
+
+def descendants(pid, procs=None):
+    procs = all_procs() if procs is None else procs
+    children = {}
+    for p, stat in procs.items():
+        children.setdefault(stat[1], []).append(p)
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def wait_until(predicate, timeout=10.0, interval=0.01):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def reap_adopted_zombies():
+    """Reap zombies re-parented to us (we are a subreaper)."""
+    me = os.getpid()
+    for pid, stat in all_procs().items():
+        if stat[1] == me and stat[0] == "Z":
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def kill_pinned(pid, sig=signal.SIGKILL):
+    """Signal pid through a pidfd, so a pid reused meanwhile is never hit."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        if pid in descendants(os.getpid()):
+            signal.pidfd_send_signal(fd, sig)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail any test that leaves a process behind, after killing it by pid."""
+    before = set(descendants(os.getpid()))
+    yield
+    reap_adopted_zombies()
+
+    def leaked():
+        procs = all_procs()
+        return [p for p in descendants(os.getpid(), procs)
+                if p not in before and procs[p][0] not in "ZX"]
+
+    wait_until(lambda: not leaked(), timeout=3.0)
+    left = leaked()
+    for pid in left:
+        kill_pinned(pid)
+    wait_until(lambda: not leaked(), timeout=5.0)
+    reap_adopted_zombies()
+    assert not left, "the test left processes alive: %s" % left
+
+
+# --- Running the CLI ------------------------------------------------------------------------
+
+def supervisor_cmd(*args, python=PY):
+    return [python, SUPERVISOR] + [str(a) for a in args]
+
+
+def run_supervisor(*args, python=PY, timeout=60, **kwargs):
+    """Run the CLI to its end; stdout and stderr captured as text."""
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    return subprocess.run(supervisor_cmd(*args, python=python), timeout=timeout,
+                          universal_newlines=True, **kwargs)
+
+
+def start_supervisor(*args, python=PY, **kwargs):
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen(supervisor_cmd(*args, python=python), **kwargs)
+
+
+def finish(proc, timeout=60):
+    """Wait for a started supervisor to exit; (returncode, stdout, stderr) as
+    text. Reads what is in the pipes, not to EOF: a preserved service may hold
+    them open."""
+    chunks = {proc.stdout: [], proc.stderr: []}
+    streams = [s for s in chunks if s is not None]
+    end = time.monotonic() + timeout
+    while proc.poll() is None:
+        if time.monotonic() > end:
+            proc.kill()
+            proc.wait()
+            raise AssertionError("the supervisor did not exit within %ss" % timeout)
+        for stream in select.select(streams, [], [], 0.05)[0]:
+            chunks[stream].append(os.read(stream.fileno(), 65536))
+    for stream in streams:
+        os.set_blocking(stream.fileno(), False)
+        try:
+            while True:
+                data = os.read(stream.fileno(), 65536)
+                if not data:
+                    break
+                chunks[stream].append(data)
+        except BlockingIOError:
+            pass
+        stream.close()
+    text = lambda stream: b"".join(chunks[stream]).decode("utf-8", "replace")
+    return proc.returncode, text(proc.stdout), text(proc.stderr)
+
+
+def read_lines_until(stream, last, timeout=20.0):
+    """Lines from a pipe up to and including `last`; fails on EOF or timeout."""
+    lines, buf, fd = [], b"", stream.fileno()
+    end = time.monotonic() + timeout
+    while True:
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            lines.append(line.decode())
+            if line.decode() == last:
+                return lines
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError("no %r within %ss; got %r" % (last, timeout, lines))
+        if select.select([fd], [], [], remaining)[0]:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise AssertionError("EOF before %r; got %r" % (last, lines))
+            buf += chunk
+
+
+def tree_cmd(spec, python=PY):
+    return [python, os.path.join(HELPERS, "tree.py"), json.dumps(spec)]
+
+
+def start_tree(spec, *options, python=PY, tree_python=PY, **kwargs):
+    """Start the supervisor on a tree helper and wait until the tree is built.
+    Returns (process, {node name: pid})."""
+    proc = start_supervisor(*(list(options) + ["--"] + tree_cmd(spec, tree_python)),
+                            python=python, **kwargs)
+    try:
+        lines = read_lines_until(proc.stdout, "READY")
+    except AssertionError:
+        proc.kill()
+        proc.wait()
+        raise
+    nodes = {}
+    for line in lines:
+        if line.startswith("NODE "):
+            _, name, pid = line.split()
+            nodes[name] = int(pid)
+    return proc, nodes
+
+
+def read_receipt(path):
+    with open(str(path)) as f:
+        return json.load(f)

@@ -1,0 +1,467 @@
+"""A run end to end, through the CLI: exit statuses, stop reasons, what is
+drained, what is kept, and the receipt that says so."""
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import (
+    IS_ROOT, PY, alive, descendants, finish, kill_pinned, proc_stat, read_lines_until,
+    read_receipt, run_supervisor, start_supervisor, start_tree, wait_until,
+)
+
+
+class Paths(object):
+    def __init__(self, tmp_path):
+        self.work = tmp_path / "work"
+        self.work.mkdir()
+        self.receipt = tmp_path / "out" / "receipt.json"
+        self.stop = tmp_path / "stop"
+
+    def options(self, timeout=30, cleanup=2, stop=False):
+        opts = ["--timeout", timeout, "--cleanup-timeout", cleanup,
+                "--workdir", self.work, "--receipt", self.receipt]
+        return opts + (["--stop-file", self.stop] if stop else [])
+
+
+@pytest.fixture
+def paths(tmp_path):
+    return Paths(tmp_path)
+
+
+def kill_all(pids):
+    """End what a test deliberately left running (preserved services)."""
+    for pid in pids:
+        kill_pinned(pid)
+    assert wait_until(lambda: not any(alive(p) for p in pids))
+
+
+RECEIPT_TYPES = {
+    "schema_version": int, "supervisor_version": str, "python_version": str,
+    "command": list, "workdir": str, "pid": (int, type(None)), "supervisor_pid": int,
+    "started_at": str, "ended_at": str, "duration_s": float, "timeout_s": float,
+    "cleanup_timeout_s": float, "stop_reason": str, "signal": (str, type(None)),
+    "timed_out": bool, "return_code": (int, type(None)), "exit_status": int,
+    "cleanup_confirmed": bool, "cleanup_s": float, "ladder": list, "preserved": list,
+    "survivors": list, "error": (str, type(None)),
+}
+
+
+# --- Exit statuses and stop reasons --------------------------------------------------------
+
+@pytest.mark.parametrize("script, status, return_code", [
+    ("exit 0", 0, 0),
+    ("exit 3", 3, 3),
+    ("kill -9 $$", 137, -9),
+    ("kill -TERM $$", 143, -15),
+])
+def test_command_status_passes_through(any_python, paths, script, status, return_code):
+    result = run_supervisor(*paths.options() + ["--", "sh", "-c", script], python=any_python)
+    assert result.returncode == status, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "exit"
+    assert receipt["return_code"] == return_code
+    assert receipt["exit_status"] == status
+    assert receipt["timed_out"] is False and receipt["signal"] is None
+    assert receipt["cleanup_confirmed"] is True
+
+
+def test_deadline_stops_the_run(any_python, paths):
+    result = run_supervisor(*paths.options(timeout=0.5) + ["--", "sleep", "30"], python=any_python)
+    assert result.returncode == 124, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "timeout" and receipt["timed_out"] is True
+    assert receipt["return_code"] == -signal.SIGTERM
+    assert receipt["cleanup_confirmed"] is True
+    assert 0.5 <= receipt["duration_s"] < 10
+
+
+def test_stop_file_stops_the_run(any_python, paths):
+    proc = start_supervisor(*paths.options(stop=True) + [
+        "--", "sh", "-c", "echo started; exec sleep 30"], python=any_python)
+    read_lines_until(proc.stdout, "started")
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    assert status == 124, err
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "stop_file"
+    assert receipt["timed_out"] is False
+    assert receipt["return_code"] == -signal.SIGTERM
+    assert receipt["cleanup_confirmed"] is True
+
+
+def test_stop_file_may_be_a_dangling_symlink(paths):
+    proc = start_supervisor(*paths.options(stop=True) + [
+        "--", "sh", "-c", "echo started; exec sleep 30"])
+    read_lines_until(proc.stdout, "started")
+    os.symlink(str(paths.work / "nowhere"), str(paths.stop))
+    status, _, err = finish(proc)
+    assert status == 124, err
+    assert read_receipt(paths.receipt)["stop_reason"] == "stop_file"
+
+
+def test_stop_file_in_a_directory_created_later(tmp_path, paths):
+    paths.stop = tmp_path / "later" / "deeper" / "stop"
+    proc = start_supervisor(*paths.options(stop=True) + [
+        "--", "sh", "-c", "echo started; exec sleep 30"])
+    read_lines_until(proc.stdout, "started")
+    paths.stop.parent.mkdir(parents=True)
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    assert status == 124, err
+    assert read_receipt(paths.receipt)["stop_reason"] == "stop_file"
+
+
+def test_stop_file_present_at_start_means_never_started(any_python, paths):
+    paths.stop.write_text("")
+    marker = paths.work / "ran"
+    result = run_supervisor(*paths.options(stop=True) + ["--", "touch", marker], python=any_python)
+    assert result.returncode == 124, result.stderr
+    assert not marker.exists()
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "stop_file"
+    assert receipt["return_code"] is None and receipt["pid"] is None
+    assert receipt["cleanup_confirmed"] is True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_stop_signal_to_the_supervisor(any_python, paths, sig):
+    proc = start_supervisor(*paths.options() + [
+        "--", "sh", "-c", "echo started; exec sleep 30"], python=any_python)
+    read_lines_until(proc.stdout, "started")
+    proc.send_signal(sig)
+    status, _, err = finish(proc)
+    assert status == 128 + sig, err
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "signal"
+    assert receipt["signal"] == signal.Signals(sig).name
+    assert receipt["timed_out"] is False
+    assert receipt["cleanup_confirmed"] is True
+
+
+def test_command_not_found_is_127(any_python, paths):
+    result = run_supervisor(*paths.options() + ["--", "no-such-command-here"], python=any_python)
+    assert result.returncode == 127
+    assert "no-such-command-here" in result.stderr and len(result.stderr.splitlines()) == 1
+    receipt = read_receipt(paths.receipt)
+    assert receipt["return_code"] is None and receipt["pid"] is None
+    assert "No such file" in receipt["error"]
+    assert receipt["exit_status"] == 127 and receipt["cleanup_confirmed"] is True
+
+
+def test_command_not_executable_is_126(any_python, paths):
+    script = paths.work / "not-executable"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    result = run_supervisor(*paths.options() + ["--", script], python=any_python)
+    assert result.returncode == 126
+    assert "Permission denied" in read_receipt(paths.receipt)["error"]
+
+
+def test_workdir_is_the_commands_directory(paths):
+    result = run_supervisor(*paths.options() + ["--", "pwd"])
+    assert result.returncode == 0
+    assert result.stdout.strip() == str(paths.work)
+
+
+def test_stdio_and_environment_pass_through(paths):
+    env = dict(os.environ, SUPERVISED_MARK="x y\tz")
+    result = run_supervisor(*paths.options() + [
+        "--", "sh", "-c", 'read line; echo "$line/$SUPERVISED_MARK"; echo err >&2'],
+        input="hello\n", env=env)
+    assert result.returncode == 0
+    assert result.stdout == "hello/x y\tz\n"
+    assert result.stderr == "err\n"
+
+
+# --- Natural exit: drain the group, keep the rest ---------------------------------------------
+
+def test_natural_exit_drains_a_background_member(any_python, paths):
+    result = run_supervisor(*paths.options() + [
+        "--", "sh", "-c", "sleep 300 & echo $!; exit 0"], python=any_python)
+    assert result.returncode == 0, result.stderr
+    background = int(result.stdout.split()[0])
+    assert not alive(background)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["cleanup_confirmed"] is True and receipt["preserved"] == []
+    assert [step["step"] for step in receipt["ladder"]] == ["terminating", "draining"]
+
+
+def test_natural_exit_kills_a_member_that_ignores_sigterm(paths):
+    spec = {"name": "cmd", "exit_early": True, "exit_code": 5,
+            "children": [{"name": "stubborn", "ignore_term": True}]}
+    proc, nodes = start_tree(spec, *paths.options(cleanup=0.5))
+    status, _, err = finish(proc)
+    assert status == 5, err
+    assert not alive(nodes["stubborn"])
+    receipt = read_receipt(paths.receipt)
+    assert receipt["cleanup_confirmed"] is True
+    terminating = receipt["ladder"][0]
+    assert terminating["step"] == "terminating" and terminating["duration_s"] >= 0.5
+
+
+def test_natural_exit_keeps_a_detached_service(paths):
+    spec = {"name": "cmd", "exit_early": True, "children": [
+        {"name": "service", "detach": True, "session": True,
+         "children": [{"name": "worker"}]},
+        {"name": "member"}]}
+    proc, nodes = start_tree(spec, *paths.options())
+    status, _, err = finish(proc)
+    try:
+        assert status == 0, err
+        assert alive(nodes["service"]) and alive(nodes["worker"])
+        assert not alive(nodes["member"])
+        receipt = read_receipt(paths.receipt)
+        assert [p["pid"] for p in receipt["preserved"]] == [nodes["service"]]
+        assert receipt["cleanup_confirmed"] is True
+    finally:
+        kill_all([nodes["service"], nodes["worker"]])
+
+
+def test_natural_exit_drains_a_stopped_member(paths):
+    spec = {"name": "cmd", "exit_early": True,
+            "children": [{"name": "frozen", "stop_self": True}]}
+    proc, nodes = start_tree(spec, *paths.options())
+    status, _, err = finish(proc)
+    assert status == 0, err
+    assert not alive(nodes["frozen"])
+    assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
+
+
+# --- Forced stop: keep what was detached before, drain everything after ------------------------
+
+def stop_tree(spec, paths, cleanup=2, **kwargs):
+    """Start a tree, let it settle, stop it through the stop file."""
+    proc, nodes = start_tree(spec, *paths.options(cleanup=cleanup, stop=True), **kwargs)
+    early = [pid for name, pid in nodes.items() if name.startswith("early")]
+    assert wait_until(lambda: not any(alive(p) for p in early))
+    paths.stop.write_text("")
+    status, out, err = finish(proc)
+    return status, nodes, err
+
+
+def test_forced_stop_keeps_a_detached_service(any_python, paths):
+    spec = {"name": "cmd", "children": [
+        {"name": "service", "detach": True, "session": True, "children": [{"name": "worker"}]},
+        {"name": "member"}]}
+    status, nodes, err = stop_tree(spec, paths, python=any_python)
+    try:
+        assert status == 124, err
+        assert alive(nodes["service"]) and alive(nodes["worker"])
+        assert not alive(nodes["member"]) and not alive(nodes["cmd"])
+        receipt = read_receipt(paths.receipt)
+        assert receipt["preserved"][0]["pid"] == nodes["service"]
+        assert "tree.py" in " ".join(receipt["preserved"][0]["command"])
+        assert receipt["cleanup_confirmed"] is True
+    finally:
+        kill_all([nodes["service"], nodes["worker"]])
+
+
+def test_forced_stop_drains_a_tool_in_another_session(any_python, paths):
+    spec = {"name": "cmd", "children": [
+        {"name": "tool", "session": True, "children": [{"name": "helper", "group": True}]}]}
+    status, nodes, err = stop_tree(spec, paths, python=any_python)
+    assert status == 124, err
+    assert not any(alive(pid) for pid in nodes.values())
+    receipt = read_receipt(paths.receipt)
+    assert receipt["preserved"] == [] and receipt["cleanup_confirmed"] is True
+
+
+def test_forced_stop_kills_a_tree_that_ignores_sigterm_within_budget(paths):
+    spec = {"name": "cmd", "ignore_term": True, "children": [
+        {"name": "a", "ignore_term": True, "children": [{"name": "b", "ignore_term": True}]},
+        {"name": "c", "ignore_term": True, "session": True,
+         "children": [{"name": "d", "ignore_term": True}]}]}
+    status, nodes, err = stop_tree(spec, paths, cleanup=0.5)
+    assert status == 124, err
+    assert not any(alive(pid) for pid in nodes.values())
+    receipt = read_receipt(paths.receipt)
+    assert receipt["cleanup_confirmed"] is True
+    assert receipt["return_code"] == -signal.SIGKILL
+    steps = dict((s["step"], s["duration_s"]) for s in receipt["ladder"])
+    assert 0.5 <= steps["terminating"] < 0.5 + 2  # the grace, then no more
+    assert receipt["cleanup_s"] <= 3 * 0.5 + 2    # within the budget
+
+
+def test_forced_stop_drains_stopped_members(paths):
+    spec = {"name": "cmd", "children": [
+        {"name": "frozen", "stop_self": True},
+        {"name": "elsewhere", "session": True, "stop_self": True}]}
+    status, nodes, err = stop_tree(spec, paths)
+    assert status == 124, err
+    assert not any(alive(pid) for pid in nodes.values())
+    assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
+
+
+def test_forced_stop_drains_a_fork_storm(paths):
+    """A few hundred processes, still forking when the stop comes, some in
+    sessions of their own, some ignoring SIGTERM."""
+    proc = start_supervisor(*paths.options(timeout=0.3, cleanup=1) + [
+        "--", PY, os.path.join(os.path.dirname(__file__), "helpers", "storm.py"), "300"])
+    status, out, err = finish(proc, timeout=60)  # EOF: no storm process holds stdout
+    assert status == 124, err
+    started = [tuple(map(int, line.split()[1:])) for line in out.splitlines()]
+    assert len(started) > 10
+    assert not [pid for pid, start in started if alive(pid, start)]
+    receipt = read_receipt(paths.receipt)
+    assert receipt["cleanup_confirmed"] is True and receipt["preserved"] == []
+
+
+def test_adopted_orphans_leave_no_zombies_during_a_run(paths):
+    script = "for i in 1 2 3 4 5 6 7 8 9 10; do (sleep 0.05 &); done; echo spawned; exec sleep 30"
+    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", script])
+    read_lines_until(proc.stdout, "spawned")
+
+    def orphans():
+        states = [proc_stat(pid) for pid in descendants(proc.pid)]
+        return [s for s in states if s and s[1] == proc.pid and s[0] != "Z" and s[4]]
+
+    def zombies():
+        return [pid for pid in descendants(proc.pid) if (proc_stat(pid) or "Z")[0] == "Z"]
+
+    time.sleep(0.3)  # the orphans (sleep 0.05) have exited
+    assert wait_until(lambda: not zombies(), timeout=5), zombies()
+    proc.send_signal(signal.SIGTERM)
+    status, _, err = finish(proc)
+    assert status == 143, err
+
+
+# --- The receipt -------------------------------------------------------------------------------
+
+def test_receipt_has_every_key_with_its_type(any_python, paths):
+    result = run_supervisor(*paths.options() + ["--", "true"], python=any_python)
+    assert result.returncode == 0, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert set(receipt) == set(RECEIPT_TYPES)
+    for key, types in RECEIPT_TYPES.items():
+        assert isinstance(receipt[key], types), (key, receipt[key])
+    assert receipt["command"] == ["true"]
+    assert receipt["workdir"] == str(paths.work)
+    assert receipt["schema_version"] == 1
+    assert receipt["started_at"].endswith("Z") and receipt["ended_at"] >= receipt["started_at"]
+
+
+def test_receipt_lists_survivors_when_cleanup_fails(tmp_path, paths):
+    """A process frozen by a cgroup v1 freezer ignores even SIGKILL until thawed:
+    cleanup cannot be confirmed, the exit status says 125, survivors are listed."""
+    freezer = "/sys/fs/cgroup/freezer"
+    if not IS_ROOT or not os.path.isdir(freezer):
+        pytest.skip("needs root and a cgroup v1 freezer to make an unkillable process")
+    cgroup = os.path.join(freezer, "supervisor-test-%d" % os.getpid())
+    os.mkdir(cgroup)
+    spec = {"name": "cmd", "children": [{"name": "stuck"}]}
+    try:
+        proc, nodes = start_tree(spec, *paths.options(cleanup=0.3, stop=True))
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(nodes["stuck"]))
+        with open(os.path.join(cgroup, "freezer.state"), "w") as f:
+            f.write("FROZEN")
+        paths.stop.write_text("")
+        status, _, err = finish(proc)
+        assert status == 125
+        assert "cleanup not confirmed" in err and str(nodes["stuck"]) in err
+        receipt = read_receipt(paths.receipt)
+        assert receipt["cleanup_confirmed"] is False and receipt["exit_status"] == 125
+        assert receipt["stop_reason"] == "stop_file"
+        survivor = receipt["survivors"][0]
+        assert survivor["pid"] == nodes["stuck"] and survivor["state"] == "D"
+        assert set(survivor) == {"pid", "ppid", "pgid", "sid", "state", "command"}
+    finally:
+        with open(os.path.join(cgroup, "freezer.state"), "w") as f:
+            f.write("THAWED")
+        wait_until(lambda: not open(os.path.join(cgroup, "cgroup.procs")).read().strip())
+        os.rmdir(cgroup)
+
+
+def test_a_reader_sees_no_receipt_or_a_whole_one(paths):
+    seen, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            try:
+                text = paths.receipt.read_text()
+            except FileNotFoundError:
+                seen.append(None)
+                continue
+            seen.append(json.loads(text))  # raises on a partial receipt
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    try:
+        for _ in range(5):
+            assert run_supervisor(*paths.options() + ["--", "true"]).returncode == 0
+    finally:
+        stop.set()
+        reader.join()
+    receipts = [r for r in seen if r is not None]
+    assert receipts and all(set(r) == set(RECEIPT_TYPES) for r in receipts)
+    assert [p.name for p in paths.receipt.parent.iterdir()] == ["receipt.json"]
+
+
+def test_a_failed_receipt_write_is_125_and_leaves_no_temporary_file(tmp_path, paths):
+    """The receipt's filesystem fills up during the run: the write fails late."""
+    if not IS_ROOT:
+        pytest.skip("needs root to mount a small tmpfs")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.check_call(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)])
+    try:
+        paths.receipt = mount / "receipt.json"
+        fill = "head -c 1048576 /dev/zero > %s/filler 2>/dev/null; exit 0" % mount
+        result = run_supervisor(*paths.options() + ["--", "sh", "-c", fill])
+        assert result.returncode == 125
+        assert "--receipt" in result.stderr and "No space left" in result.stderr
+        assert sorted(p.name for p in mount.iterdir()) == ["filler"]
+    finally:
+        subprocess.check_call(["umount", str(mount)])
+
+
+# --- The API ---------------------------------------------------------------------------------
+
+def run_python(code, python=PY):
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([python, "-c", code], cwd=here, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_api_exec_timeout_and_constants(any_python):
+    out = run_python("import supervisor as s; print(s.exec_timeout(60), s.exec_timeout(60, 5), "
+                     "s.CLEANUP_PHASE_COUNT, s.DEFAULT_CLEANUP_TIMEOUT)", any_python)
+    assert out.split() == ["120.0", "105.0", "3", "10.0"]
+
+
+def test_api_supervise_returns_the_receipt(any_python, tmp_path):
+    code = ("import json, supervisor as s\n"
+            "r = s.supervise(['sh', '-c', 'exit 7'], 30, 2, workdir=%r)\n"
+            "r2 = s.supervise(['sleep', '30'], 0.3, 1)\n"
+            "print(json.dumps([r, r2]))\n" % str(tmp_path))
+    first, second = json.loads(run_python(code, any_python))
+    assert first["exit_status"] == 7 and first["return_code"] == 7
+    assert first["workdir"] == str(tmp_path)
+    assert second["stop_reason"] == "timeout" and second["exit_status"] == 124
+
+
+def test_api_import_has_no_side_effects(any_python):
+    code = ("import ctypes, signal, sys\n"
+            "libc = ctypes.CDLL(None)\n"
+            "before = [signal.getsignal(s) for s in range(1, 32) if s not in (9, 19)]\n"
+            "loaded = set(sys.modules)\n"
+            "import supervisor\n"
+            "after = [signal.getsignal(s) for s in range(1, 32) if s not in (9, 19)]\n"
+            "v = ctypes.c_int(-1); libc.prctl(37, ctypes.byref(v), 0, 0, 0)\n"
+            "new = set(sys.modules) - loaded\n"
+            "print(before == after, v.value, 'json' in new, 'typing' in new)\n")
+    assert run_python(code, any_python).split() == ["True", "0", "False", "False"]
+
+
+def test_api_cleanup_receipt_type(any_python):
+    code = ("import sys, supervisor\n"
+            "t = supervisor.CleanupReceipt\n"
+            "print(sys.version_info >= (3, 8) and t.__annotations__['cleanup_confirmed'] is bool"
+            " or t is dict)\n")
+    assert run_python(code, any_python).strip() == "True"
