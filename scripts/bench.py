@@ -1,0 +1,1093 @@
+#!/usr/bin/env python3
+"""bench.py: measure supervisor.py against the performance targets P1-P10.
+
+    python3 scripts/bench.py [--python PATH] [--json PATH] [--pairs N] [--quick]
+
+Every row runs the real interpreter binary PY (default: this one, resolved
+with os.path.realpath; a pyenv shim or any script is refused) as
+`PY supervisor.py ...`, measured side by side with its yardstick in the same
+run: pairs are interleaved, and the order inside a pair alternates (ABBA) so
+neither side always runs on a warmer cache. One warm-up pair is dropped.
+Durations come from time.perf_counter / time.monotonic; CPU time from the
+first field of /proc/PID/schedstat (ns on CPU, still readable while the
+process is a zombie, which the bench checks at start).
+
+How each row is measured
+  P1  startup: wall time (posix_spawn to waitpid) of
+      `PY supervisor.py --timeout 600 -- true` vs `PY -c pass`; and the same
+      with `-I -S` on both sides. Checked: difference of the medians.
+  P2  command exit -> supervisor exit, the issue's definition:
+      median(`-- sleep 0.2`) - median(`-- true`) - 200 ms. P2b, the same
+      thing measured directly: the command writes time.monotonic() and exits
+      after 0.1 s; the bench notes time.monotonic() when waitpid returns for
+      the supervisor; the yardstick is the same command run by the bench
+      itself (process exit + the bench's wake-up).
+  P3  deadline -> first SIGTERM: the command blocks SIGTERM at once and
+      waits for it with sigwaitinfo, then writes time.time(). Deadline =
+      receipt started_at (UTC, microseconds) + --timeout 0.2.
+  P4  stop file -> first SIGTERM: the same helper says "ready"; the bench
+      notes time.monotonic() and creates the stop file in a directory under
+      the temporary directory (its filesystem type is reported).
+      Both P3 and P4 see the SIGTERM when it is delivered, i.e. after the
+      supervisor's SIGCONT (it stops the group, scans /proc, then sends
+      SIGTERM and SIGCONT): the latency includes that scan.
+  P5  idle CPU: ~30 supervisors `--timeout 600 --stop-file F -- sleep 60` and
+      as many `PY -c "import time; time.sleep(60)"` run at once; after they
+      settle, schedstat is sampled at t0 and t0+10 s, scaled to a minute.
+      The read/write syscall counts (/proc/PID/io) over the same window are
+      reported too: a /proc scan would show up there as thousands of reads.
+  P6  forced stop of N processes that obey SIGTERM (N = 10, 100, 1000): the
+      command is a helper that forks N-1 children in its process group and
+      prints "ready". T0 = SIGTERM to the supervisor; end = the supervisor
+      has exited (waitid WNOWAIT; the receipt is written and fsynced before
+      exit). Yardstick: the bench (a child subreaper) starts the same helper
+      in a new group, then killpg(SIGTERM) and waitpid until all N are reaped.
+  P7  the same with SIGTERM ignored, --cleanup-timeout 0.2 (the grace); the
+      yardstick sends SIGKILL after the same 0.2 s. Checked: median - grace
+      against the P6 target.
+  P8  supervisor CPU from the stop decision to its exit in the P6 N=1000
+      runs: schedstat just before SIGTERM and on its zombie (not wait4's
+      rusage, which adds the CPU of the children it reaped).
+  P9  5,000 unrelated `sleep 600` (the bench's children, in one new process
+      group, killed with killpg and reaped at the end): P5 again (idle CPU
+      and syscalls, ratio to the quiet figure) and P8 again (ratio to P8).
+      P9c (info) repeats P4 on the busy host.
+  P10 peak RSS: VmHWM of /proc/PID/status sampled every ~1 ms until exit,
+      for `-- sleep 0.5` and for a stopped N=1000 tree, vs the bare
+      `PY -c "import time; time.sleep(1)"` running at the same time. Not
+      wait4's ru_maxrss: it adds the children's peaks, and posix_spawn's
+      vfork-style child hands the bench's own peak to the exec'd process.
+  ref rows: GNU timeout / tini, when on PATH, for P1, P2 and P6 (timeout and
+      tini exit when their child exits: they do not wait for the tree).
+
+Rows with N=1000 use fewer pairs (--pairs-big) to stay within ~5 minutes on
+two cores; the table's N column says how many. Everything the bench starts
+is its own child or is adopted by it (it is a child subreaper); at the end,
+and on Ctrl-C or an error, it kills its remaining children by pid (unreaped,
+so the pid is still theirs) and the 5,000 sleeps by their process group,
+reaps everything, and removes its temporary directory.
+
+Exit status: 0 every checked row passed, 1 some row missed its target,
+2 the bench failed or was refused, 130 interrupted.
+"""
+import argparse
+import ctypes
+import datetime
+import gc
+import json
+import os
+import platform
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUPERVISOR = os.path.join(ROOT, "supervisor.py")
+PR_SET_CHILD_SUBREAPER = 36
+GRACE = 0.2            # P7: --cleanup-timeout, and the yardstick's SIGTERM -> SIGKILL wait
+P3_TIMEOUT = 0.2       # P3: the deadline
+IDLE_WINDOW = 10.0     # P5/P9: seconds between the two CPU samples
+BUSY_HOST = 5000       # P9: unrelated processes
+READY_TIMEOUT = 60.0   # a helper that is not ready by then is an error
+
+# --- Helpers written into the temporary directory, run as `PY -I -S file` ----------------
+
+# P6/P7/P8/P10: N processes in the helper's own process group; SIGCHLD stays at
+# its default so dead children stay zombies until the helper dies, and then go
+# to the nearest subreaper (the supervisor, or the bench for the yardstick).
+TREE_HELPER = r'''
+import os, signal, sys
+def main():
+    n, mode = int(sys.argv[1]), sys.argv[2]
+    if mode == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the children
+    for _ in range(n - 1):
+        if os.fork() == 0:
+            try:
+                while True:
+                    signal.pause()
+            finally:
+                os._exit(0)
+    os.write(1, ("ready %d\n" % os.getpid()).encode())
+    while True:
+        signal.pause()
+main()
+'''
+
+# P3/P4: SIGTERM blocked at once, then waited for; its arrival time is written
+# to argv[1] ("wall monotonic"). With argv[2] it first says "ready" on stdout.
+SIGWAIT_HELPER = r'''
+import os, signal, sys, time
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+if len(sys.argv) > 2:
+    os.write(1, b"ready\n")
+signal.sigwaitinfo([signal.SIGTERM])
+wall, mono = time.time(), time.monotonic()
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, ("%r %r\n" % (wall, mono)).encode())
+os.close(fd)
+os._exit(0)
+'''
+
+# P2b: sleep 0.1 s (so the supervisor is waiting when it exits), write
+# time.monotonic() on stdout, exit at once.
+EXIT_STAMP = ("import os, time; time.sleep(0.1); "
+              "os.write(1, repr(time.monotonic()).encode()); os._exit(0)")
+
+
+class BenchError(Exception):
+    """The bench cannot measure here; one line for the user."""
+
+
+# --- Small tools -------------------------------------------------------------------------------
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def schedstat_ns(pid):
+    """Nanoseconds pid has spent on a CPU (also for a zombie)."""
+    text = read_text("/proc/%d/schedstat" % pid)
+    if text is None:
+        raise BenchError("cannot read /proc/%d/schedstat" % pid)
+    return int(text.split()[0])
+
+
+def io_syscalls(pid):
+    """read + write syscalls of pid so far (/proc/PID/io), or None."""
+    text = read_text("/proc/%d/io" % pid)
+    if text is None:
+        return None
+    fields = dict(line.split(": ") for line in text.splitlines() if ": " in line)
+    return int(fields["syscr"]) + int(fields["syscw"])
+
+
+def vmhwm_kib(pid):
+    """Peak RSS of pid in KiB, or None once its memory is gone (a zombie)."""
+    text = read_text("/proc/%d/status" % pid)
+    if text:
+        for line in text.splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return None
+
+
+def exit_code(status):
+    """os.waitstatus_to_exitcode (3.9+): the exit code, or -N for signal N."""
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+
+
+def has_exited(pid):
+    """Has our child pid exited? Looks without reaping."""
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    return info is not None
+
+
+def wait_exited(pid):
+    """Block until our child pid has exited, without reaping it."""
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+
+
+def read_ready(fd, what, timeout=READY_TIMEOUT):
+    """Read from fd until a whole line arrived; that line."""
+    data, deadline = b"", time.monotonic() + timeout
+    while b"\n" not in data:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(int(left * 1000) + 1):
+            raise BenchError("%s: no ready line within %.0f s" % (what, timeout))
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise BenchError("%s: stdout closed before the ready line (%r)" % (what, data))
+        data += chunk
+    return data.split(b"\n", 1)[0].decode()
+
+
+def filesystem_of(path):
+    """The filesystem type of path from /proc/self/mountinfo (ext4, tmpfs, ...)."""
+    path, best, fstype = os.path.realpath(path), "", "unknown"
+    for line in (read_text("/proc/self/mountinfo") or "").splitlines():
+        left, _, right = line.partition(" - ")
+        mount_point = left.split()[4].replace("\\040", " ")
+        if (path == mount_point or path.startswith(mount_point.rstrip("/") + "/")) \
+                and len(mount_point) >= len(best):
+            best, fstype = mount_point, right.split()[0]
+    return fstype
+
+
+def set_child_subreaper():
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise BenchError("prctl(PR_SET_CHILD_SUBREAPER): %s" % os.strerror(ctypes.get_errno()))
+
+
+def parse_utc(text):
+    """Seconds since the epoch from the receipt's 2026-11-30T14:17:48.020105Z."""
+    moment = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def resolve_python(path):
+    """The real interpreter binary behind path; refuse shims and scripts."""
+    real = os.path.realpath(path)
+    if "/shims/" in real or "/shims/" in path:
+        raise BenchError("%s is a pyenv shim; pass the real binary, e.g. "
+                         "--python $(pyenv which python3)" % path)
+    try:
+        with open(real, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise BenchError("--python %s: %s" % (path, e.strerror))
+    if magic[:2] == b"#!":
+        raise BenchError("%s is a script (a shim or wrapper), not an interpreter binary" % real)
+    if magic != b"\x7fELF" or not os.access(real, os.X_OK):
+        raise BenchError("%s is not an executable ELF interpreter binary" % real)
+    return real
+
+
+# --- The bench -------------------------------------------------------------------------------
+
+class Bench(object):
+
+    def __init__(self, py, pairs, pairs_big, quick):
+        self.py, self.pairs, self.pairs_big, self.quick = py, pairs, pairs_big, quick
+        self.window = 5.0 if quick else IDLE_WINDOW
+        self.idle_count = 10 if quick else 30
+        self.rows, self.notes = [], []
+        # Figures later rows compare with (P9 with P4, P5 and P8).
+        self.results = {"P4": float("nan"), "P5": (float("nan"), float("nan")), "P8": float("nan")}
+        self.keep = set()       # long-lived children (the P9 sleeps): never reaped by sweeps
+        self.host_group = None  # pgid of the P9 sleeps (its leader is our unreaped child)
+        self.me = os.getpid()
+        self.tmp = tempfile.mkdtemp(prefix="supervisor-bench-")
+        self.work = self._mkdir("work")            # the supervisor's --workdir
+        self.receipts = self._mkdir("receipts")    # outside the workdir
+        self.stops = self._mkdir("stop")
+        self.out = self._mkdir("out")
+        self.tree = self._write("tree.py", TREE_HELPER)
+        self.sigwait = self._write("sigwait.py", SIGWAIT_HELPER)
+        self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        self.stderr_log = os.path.join(self.tmp, "stderr.log")
+        self.stderr_fd = os.open(self.stderr_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                                 | os.O_CLOEXEC, 0o644)
+        self.run_id = 0
+
+    def _mkdir(self, name):
+        path = os.path.join(self.tmp, name)
+        os.mkdir(path)
+        return path
+
+    def _write(self, name, text):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    # -- Processes ------------------------------------------------------------------------
+
+    def spawn(self, argv, stdout=None, pgroup=None):
+        """posix_spawn argv (argv[0] a path or found on PATH); stdin /dev/null,
+        stdout to the fd given or /dev/null, stderr to the bench's log."""
+        path = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
+        actions = [(os.POSIX_SPAWN_DUP2, self.devnull, 0),
+                   (os.POSIX_SPAWN_DUP2, self.devnull if stdout is None else stdout, 1),
+                   (os.POSIX_SPAWN_DUP2, self.stderr_fd, 2)]
+        kwargs = {"file_actions": actions}
+        if pgroup is not None:
+            kwargs["setpgroup"] = pgroup
+        return os.posix_spawn(path, argv, os.environ, **kwargs)
+
+    def timed_run(self, argv):
+        """Wall seconds of one whole process, and its wait status."""
+        t0 = time.perf_counter()
+        pid = self.spawn(argv)
+        _, status = os.waitpid(pid, 0)
+        return time.perf_counter() - t0, status
+
+    def children(self):
+        text = read_text("/proc/%d/task/%d/children" % (self.me, self.me)) or ""
+        return set(int(pid) for pid in text.split())
+
+    def sweep(self, context, expected=False, grace=2.0):
+        """Reap every child that is not long-lived; SIGKILL (by pid: our own
+        unreaped children) what is still alive after grace. Anything found
+        after a supervisor run is noted: it should have drained it."""
+        found, deadline = 0, time.monotonic() + grace
+        while True:
+            while True:
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    pid = 0
+                if not pid:
+                    break
+                if pid in self.keep:
+                    self.keep.discard(pid)
+                    self.note("a host sleep %d died during %s" % (pid, context))
+                else:
+                    found += 1
+            alive = self.children() - self.keep
+            if not alive:
+                break
+            if time.monotonic() >= deadline:
+                for pid in alive:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            time.sleep(0.002)
+        if found and not expected:
+            self.note("%s: %d process(es) were left to the bench after the run" % (context, found))
+        return found
+
+    def supervisor(self, options, command, receipt=True):
+        """argv of one supervisor run, with its own receipt path."""
+        self.run_id += 1
+        argv = [self.py, SUPERVISOR] + list(options)
+        path = None
+        if receipt:
+            path = os.path.join(self.receipts, "r%d.json" % self.run_id)
+            argv += ["--workdir", self.work, "--receipt", path]
+        return argv + ["--"] + list(command), path
+
+    def check_receipt(self, path, context, **expected):
+        """Read (and delete) a receipt; note any field that is not as expected."""
+        try:
+            with open(path) as f:
+                receipt = json.load(f)
+        except (OSError, ValueError) as e:
+            self.note("%s: no readable receipt (%s)" % (context, e))
+            return None
+        os.unlink(path)
+        expected.setdefault("cleanup_confirmed", True)
+        for key, value in expected.items():
+            if receipt.get(key) != value:
+                self.note("%s: receipt %s = %r, expected %r" % (context, key, receipt.get(key), value))
+        return receipt
+
+    def note(self, text):
+        if text not in self.notes:
+            self.notes.append(text)
+            progress("  note: " + text)
+
+    # -- Rows -----------------------------------------------------------------------------
+
+    def add_row(self, row, what, samples, unit, target, value, limit=None, yard=None,
+                yard_median=None, diff=None, diff_text=None, extra=None, passed=None):
+        """Record a row. value is what the target checks against limit (None:
+        info only); passed, when given, is the verdict of a target that is not
+        a simple bound."""
+        yard_median = median(yard) if yard_median is None and yard else yard_median
+        if diff is None and yard_median is not None:
+            diff = median(samples) - yard_median
+        if passed is None and limit is not None:
+            passed = value <= limit
+        result = "INFO" if passed is None else ("PASS" if passed else "MISS")
+        entry = {
+            "row": row, "what": what, "n": len(samples), "unit": unit,
+            "median": median(samples), "min": min(samples), "max": max(samples),
+            "yardstick_median": yard_median, "diff": diff, "diff_text": diff_text,
+            "value": value, "target": target, "limit": limit, "result": result,
+            "samples": [round(s, 4) for s in samples],
+            "yardstick_samples": [round(s, 4) for s in yard] if yard else None,
+        }
+        entry.update(extra or {})
+        self.rows.append(entry)
+        progress("  %s %s: median %.3f %s -> %s" % (row, what, entry["median"], unit, result))
+        return entry
+
+    def paired(self, run_a, run_b, count):
+        """Interleave count pairs (after one warm-up pair) of two measurements,
+        alternating which goes first; the two lists of results."""
+        a, b = [], []
+        for i in range(count + 1):
+            first, second = (run_a, run_b) if i % 2 == 0 else (run_b, run_a)
+            x, y = first(), second()
+            if i == 0:
+                continue  # warm-up
+            if i % 2 == 0:
+                a.append(x)
+                b.append(y)
+            else:
+                a.append(y)
+                b.append(x)
+        return a, b
+
+    def wall_pairs(self, argv_a, argv_b, expect_a=0, expect_b=0):
+        """Wall ms of two commands, interleaved; their exit statuses checked."""
+        def runner(argv, expect):
+            def run():
+                seconds, status = self.timed_run(argv)
+                if exit_code(status) != expect:
+                    self.note("%s exited %d, expected %d" % (
+                        " ".join(argv[-3:]), exit_code(status), expect))
+                return seconds * 1000
+            return run
+        return self.paired(runner(argv_a, expect_a), runner(argv_b, expect_b), self.pairs)
+
+    # P1 ---------------------------------------------------------------------------------------
+
+    def p1_startup(self):
+        progress("P1 startup")
+        for flags, row, limit, bare in (([], "P1", 15.0, "PY -c pass"),
+                                        (["-I", "-S"], "P1-IS", 25.0, "PY -I -S -c pass")):
+            sup = [self.py] + flags + [SUPERVISOR, "--timeout", "600", "--", "true"]
+            sup_ms, bare_ms = self.wall_pairs(sup, [self.py] + flags + ["-c", "pass"])
+            diff = median(sup_ms) - median(bare_ms)
+            self.add_row(row, "startup %s-- true, over %s" % (" ".join(flags) + " " if flags else "",
+                                                               bare),
+                         sup_ms, "ms", "diff <= %g ms" % limit, diff, limit, yard=bare_ms,
+                         extra={"paired_diff_median": median([s - b for s, b in zip(sup_ms, bare_ms)])})
+        true = shutil.which("true")
+        for name, prefix in reference_tools():
+            tool_ms, true_ms = self.wall_pairs(prefix + [true], [true])
+            self.add_row("P1-ref", "%s true, over bare true" % " ".join([name] + prefix[1:]),
+                         tool_ms, "ms", "reference", None, yard=true_ms)
+
+    # P2 ---------------------------------------------------------------------------------------
+
+    def p2_exit(self):
+        progress("P2 command exit -> supervisor exit")
+        sup = [self.py, SUPERVISOR, "--timeout", "600", "--"]
+        self._p2_row("P2", "exit -> exit: sup -- sleep 0.2 minus -- true minus 200 ms",
+                     sup, "diff <= 2 ms", 2.0)
+        for name, prefix in reference_tools():
+            self._p2_row("P2-ref", "%s sleep 0.2 minus %s true minus 200 ms" % (name, name),
+                         prefix, "reference", None)
+        self.p2_direct()
+
+    def _p2_row(self, row, what, prefix, target, limit):
+        sleep_ms, true_ms = self.wall_pairs(prefix + ["sleep", "0.2"], prefix + ["true"])
+        value = median(sleep_ms) - median(true_ms) - 200.0
+        per_pair = [s - t - 200.0 for s, t in zip(sleep_ms, true_ms)]
+        self.add_row(row, what, sleep_ms, "ms", target, value if limit else None, limit,
+                     yard=true_ms, diff=value, diff_text="sleep-true-200",
+                     extra={"per_pair_diff_ms": [round(x, 4) for x in per_pair],
+                            "per_pair_diff_median": median(per_pair),
+                            "yardstick_note": "yardstick = the -- true runs"})
+
+    def p2_direct(self):
+        """P2b: the command stamps time.monotonic() just before it exits."""
+        command = [self.py, "-I", "-S", "-c", EXIT_STAMP]
+
+        def measure(argv):
+            def run():
+                read_end, write_end = os.pipe()
+                try:
+                    pid = self.spawn(argv, stdout=write_end)
+                    os.close(write_end)
+                    write_end = None
+                    os.waitpid(pid, 0)
+                    ended = time.monotonic()
+                    stamp = os.read(read_end, 100)
+                finally:
+                    os.close(read_end)
+                    if write_end is not None:
+                        os.close(write_end)
+                return (ended - float(stamp)) * 1000
+            return run
+
+        sup_argv = [self.py, SUPERVISOR, "--timeout", "600", "--"] + command
+        sup_ms, bare_ms = self.paired(measure(sup_argv), measure(command), self.pairs)
+        diff = median(sup_ms) - median(bare_ms)
+        self.add_row("P2b", "exit -> exit, direct: command's last stamp -> supervisor reaped",
+                     sup_ms, "ms", "diff <= 2 ms (alt. method)", diff, 2.0, yard=bare_ms,
+                     extra={"yardstick_note": "the same command run by the bench"})
+
+    # P3 / P4 ----------------------------------------------------------------------------------
+
+    def p3_deadline(self):
+        progress("P3 deadline -> SIGTERM")
+        latencies = []
+        for i in range(self.pairs + 1):
+            stamp = os.path.join(self.out, "p3-%d" % i)
+            argv, receipt_path = self.supervisor(
+                ["--timeout", str(P3_TIMEOUT)], [self.py, "-I", "-S", self.sigwait, stamp])
+            pid = self.spawn(argv)
+            os.waitpid(pid, 0)
+            receipt = self.check_receipt(receipt_path, "P3", stop_reason="timeout")
+            arrival = read_text(stamp)
+            self.sweep("P3")
+            if receipt is None or arrival is None:
+                self.note("P3: run %d gave no receipt or no arrival stamp" % i)
+                continue
+            os.unlink(stamp)
+            deadline = parse_utc(receipt["started_at"]) + P3_TIMEOUT
+            if i:
+                latencies.append((float(arrival.split()[0]) - deadline) * 1000)
+        self.add_row("P3", "deadline -> first SIGTERM (arrival)", latencies, "ms",
+                     "median <= 2 ms", median(latencies), 2.0, yard_median=0.0,
+                     extra={"yardstick_note": "the deadline: receipt started_at + %g s" % P3_TIMEOUT})
+
+    def stop_file_latencies(self, count, context):
+        """count stop-file runs (after a warm-up); latencies in ms."""
+        latencies = []
+        for i in range(count + 1):
+            stamp = os.path.join(self.out, "p4-%d" % i)
+            stop = os.path.join(self.stops, "p4-stop")
+            argv, receipt_path = self.supervisor(
+                ["--timeout", "60", "--stop-file", stop],
+                [self.py, "-I", "-S", self.sigwait, stamp, "ready"])
+            read_end, write_end = os.pipe()
+            try:
+                pid = self.spawn(argv, stdout=write_end)
+                os.close(write_end)
+                write_end = None
+                read_ready(read_end, context + " helper")
+                created = time.monotonic()
+                os.close(os.open(stop, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+                os.waitpid(pid, 0)
+            finally:
+                os.close(read_end)
+                if write_end is not None:
+                    os.close(write_end)
+            os.unlink(stop)
+            self.check_receipt(receipt_path, context, stop_reason="stop_file")
+            arrival = read_text(stamp)
+            self.sweep(context)
+            if arrival is None:
+                self.note("%s: run %d: the helper never saw SIGTERM" % (context, i))
+                continue
+            os.unlink(stamp)
+            if i:
+                latencies.append((float(arrival.split()[1]) - created) * 1000)
+        return latencies
+
+    def p4_stop_file(self):
+        progress("P4 stop file -> SIGTERM")
+        fstype = filesystem_of(self.stops)
+        latencies = self.stop_file_latencies(self.pairs, "P4")
+        local = fstype not in ("nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "fuse", "afs") \
+            and not fstype.startswith("fuse")
+        limit = 5.0 if local else 100.0
+        self.add_row("P4", "stop file -> first SIGTERM (%s, %s)" % (fstype, "local" if local else "remote"),
+                     latencies, "ms", "median <= %g ms" % limit, median(latencies), limit,
+                     yard_median=0.0, extra={"filesystem": fstype, "stop_dir": self.stops,
+                                             "yardstick_note": "the stop file's creation time"})
+        self.results["P4"] = median(latencies)
+
+    # P5 / P9 idle ------------------------------------------------------------------------------
+
+    def idle_cpu(self, count, context):
+        """count supervisors and count bare sleepers at once; their CPU ms and
+        read+write syscalls per minute over the window."""
+        sups, stops = [], []
+        for i in range(count):
+            directory = os.path.join(self.stops, "%s-%d" % (context, i))
+            os.mkdir(directory)
+            stop = os.path.join(directory, "stop")
+            argv, _ = self.supervisor(["--timeout", "600", "--stop-file", stop],
+                                      ["sleep", "60"], receipt=False)
+            sups.append(self.spawn(argv))
+            stops.append(stop)
+        bares = [self.spawn([self.py, "-c", "import time; time.sleep(60)"]) for _ in range(count)]
+        try:
+            deadline = time.monotonic() + 30
+            while not all(read_text("/proc/%d/task/%d/children" % (p, p)) for p in sups):
+                if time.monotonic() > deadline:
+                    raise BenchError("%s: supervisors did not start their commands" % context)
+                time.sleep(0.05)
+            time.sleep(1.0)  # settle
+            everyone = sups + bares
+            cpu0 = [schedstat_ns(p) for p in everyone]
+            io0 = [io_syscalls(p) for p in everyone]
+            t0 = time.monotonic()
+            time.sleep(self.window)
+            cpu1 = [schedstat_ns(p) for p in everyone]
+            io1 = [io_syscalls(p) for p in everyone]
+            scale = 60.0 / (time.monotonic() - t0)
+        finally:
+            for stop in stops:
+                os.close(os.open(stop, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            for pid in bares:
+                os.kill(pid, signal.SIGTERM)  # our unreaped child
+            for pid in sups + bares:
+                _, status = os.waitpid(pid, 0)
+                if pid in sups and exit_code(status) != 124:
+                    self.note("%s: a supervisor exited %d after its stop file, expected 124"
+                              % (context, exit_code(status)))
+            for stop in stops:
+                os.unlink(stop)
+                os.rmdir(os.path.dirname(stop))
+            self.sweep(context)
+        cpu = [(b - a) / 1e6 * scale for a, b in zip(cpu0, cpu1)]
+        calls = [(b - a) * scale if a is not None and b is not None else float("nan")
+                 for a, b in zip(io0, io1)]
+        return cpu[:count], cpu[count:], calls[:count], calls[count:]
+
+    def p5_idle(self):
+        progress("P5 idle CPU (%d supervisors, %g s window)" % (self.idle_count, self.window))
+        sup, bare, sup_calls, bare_calls = self.idle_cpu(self.idle_count, "P5")
+        self.add_row("P5", "idle CPU: -- sleep 60, deadline + stop file", sup, "ms/min",
+                     "median <= 10 ms/min", median(sup), 10.0, yard=bare,
+                     extra={"syscalls_per_min_median": median(sup_calls),
+                            "yardstick_syscalls_per_min_median": median(bare_calls),
+                            "window_s": self.window,
+                            "yardstick_note": "PY -c 'import time; time.sleep(60)', same sampling"})
+        self.results["P5"] = (median(sup), median(sup_calls))
+
+    # P6 / P7 / P8 -----------------------------------------------------------------------------
+
+    def drain_supervised(self, n, mode, prefix=None):
+        """One forced stop under the supervisor (or, with prefix, under a
+        reference tool): (ms from SIGTERM to its exit, its CPU ms meanwhile,
+        ms from SIGTERM to the receipt's ended_at, i.e. supervise() returning,
+        before the receipt is written and the interpreter exits)."""
+        if prefix is None:
+            options = ["--timeout", "600"] + (["--cleanup-timeout", str(GRACE)] if mode == "ignore" else [])
+            argv, receipt_path = self.supervisor(options, [self.py, "-I", "-S", self.tree, str(n), mode])
+        else:
+            argv, receipt_path = prefix + [self.py, "-I", "-S", self.tree, str(n), mode], None
+        read_end, write_end = os.pipe()
+        try:
+            pid = self.spawn(argv, stdout=write_end)
+            os.close(write_end)
+            write_end = None
+            read_ready(read_end, "tree helper N=%d" % n)
+            cpu0 = schedstat_ns(pid)
+            wall0, t0 = time.time(), time.perf_counter()
+            os.kill(pid, signal.SIGTERM)
+            wait_exited(pid)
+            elapsed = time.perf_counter() - t0
+            cpu = schedstat_ns(pid) - cpu0  # the zombie's figure: its own CPU only
+            _, status = os.waitpid(pid, 0)
+        finally:
+            os.close(read_end)
+            if write_end is not None:
+                os.close(write_end)
+        context = "N=%d %s%s" % (n, mode, "" if prefix is None else " " + prefix[0])
+        returned = float("nan")
+        if receipt_path is not None:
+            receipt = self.check_receipt(receipt_path, "P6/P7 " + context, stop_reason="signal",
+                                         exit_status=128 + signal.SIGTERM)
+            if receipt is not None:
+                returned = (parse_utc(receipt["ended_at"]) - wall0) * 1000
+            if exit_code(status) != 128 + signal.SIGTERM:
+                self.note("%s: supervisor exited %d" % (context, exit_code(status)))
+        self.sweep(context, expected=prefix is not None)
+        return elapsed * 1000, cpu / 1e6, returned
+
+    def drain_floor(self, n, mode):
+        """The yardstick: the bench starts the tree in a new group, killpg's it
+        (SIGKILL after GRACE when it ignores SIGTERM) and reaps all n."""
+        read_end, write_end = os.pipe()
+        try:
+            pid = self.spawn([self.py, "-I", "-S", self.tree, str(n), mode],
+                             stdout=write_end, pgroup=0)
+            os.close(write_end)
+            write_end = None
+            read_ready(read_end, "tree helper N=%d" % n)
+            t0 = time.perf_counter()
+            os.killpg(pid, signal.SIGTERM)  # the leader is our unreaped child
+            if mode == "ignore":
+                time.sleep(GRACE)
+                os.killpg(pid, signal.SIGKILL)
+            reaped = 0
+            while reaped < n:
+                child, _ = os.waitpid(-1, 0)
+                if child in self.keep:
+                    self.keep.discard(child)
+                    self.note("a host sleep %d died during the yardstick" % child)
+                else:
+                    reaped += 1
+            elapsed = time.perf_counter() - t0
+        finally:
+            os.close(read_end)
+            if write_end is not None:
+                os.close(write_end)
+        self.sweep("yardstick N=%d" % n)
+        return elapsed * 1000
+
+    def p6_p7_drains(self):
+        targets = {10: 10.0, 100: 25.0, 1000: 150.0}
+        for mode, row in (("obey", "P6"), ("ignore", "P7")):
+            for n, limit in sorted(targets.items()):
+                count = self.pairs if n < 1000 else self.pairs_big
+                progress("%s forced stop N=%d (%s SIGTERM), %d pairs" % (row, n, mode, count))
+                cpus, returns = [], []
+
+                def measured():
+                    ms, cpu, returned = self.drain_supervised(n, mode)
+                    cpus.append(cpu)
+                    returns.append(returned)
+                    return ms
+
+                sup_ms, floor_ms = self.paired(measured, lambda: self.drain_floor(n, mode), count)
+                cpus, returns = cpus[1:], returns[1:]  # drop the warm-up
+                extra = {"supervisor_cpu_ms": [round(c, 4) for c in cpus],
+                         "supervisor_cpu_ms_median": median(cpus),
+                         "to_supervise_return_ms_median": median(returns),
+                         "to_supervise_return_note": "SIGTERM -> receipt ended_at (wall clock): "
+                                                     "the drain without receipt I/O and exit"}
+                if mode == "obey":
+                    self.add_row(row, "forced stop, %d obey SIGTERM: SIGTERM -> exit" % n,
+                                 sup_ms, "ms", "median <= %g ms" % limit, median(sup_ms), limit,
+                                 yard=floor_ms, extra=extra)
+                else:
+                    self.add_row(row, "forced stop, %d ignore SIGTERM (grace %g s)" % (n, GRACE),
+                                 sup_ms, "ms", "median-grace <= %g ms" % limit,
+                                 median(sup_ms) - GRACE * 1000, limit, yard=floor_ms,
+                                 extra=dict(extra, median_minus_grace=median(sup_ms) - GRACE * 1000))
+                if mode == "obey" and n == 1000:
+                    self.add_row("P8", "CPU of a 1000-process drain (SIGTERM -> exit)", cpus,
+                                 "ms CPU", "median <= 100 ms", median(cpus), 100.0)
+                    self.results["P8"] = median(cpus)
+        for name, prefix in reference_tools():
+            for n in sorted(targets):
+                count = self.pairs if n < 1000 else self.pairs_big
+                progress("P6-ref %s N=%d" % (name, n))
+                ref_ms, floor_ms = self.paired(lambda: self.drain_supervised(n, "obey", prefix)[0],
+                                               lambda: self.drain_floor(n, "obey"), count)
+                self.add_row("P6-ref", "%s, %d obey SIGTERM: SIGTERM -> %s exit" % (name, n, name),
+                             ref_ms, "ms", "reference (no drain)", None, yard=floor_ms)
+
+    # P9 ---------------------------------------------------------------------------------------
+
+    def start_busy_host(self):
+        progress("P9 starting %d unrelated sleeps" % BUSY_HOST)
+        sleep = shutil.which("sleep")
+        leader = self.spawn([sleep, "600"], pgroup=0)
+        self.keep.add(leader)
+        self.host_group = leader
+        for _ in range(BUSY_HOST - 1):
+            self.keep.add(self.spawn([sleep, "600"], pgroup=leader))
+        deadline = time.monotonic() + 60
+        while True:  # all exec'd and asleep
+            states = [read_text("/proc/%d/stat" % pid) or "" for pid in list(self.keep)[::50]]
+            if all(") S " in s for s in states):
+                break
+            if time.monotonic() > deadline:
+                raise BenchError("the %d sleeps did not settle" % BUSY_HOST)
+            time.sleep(0.1)
+
+    def stop_busy_host(self):
+        if self.host_group is None:
+            return
+        try:
+            os.killpg(self.host_group, signal.SIGKILL)  # its leader is still our unreaped child
+        except ProcessLookupError:
+            pass
+        for pid in list(self.keep):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            self.keep.discard(pid)
+        self.host_group = None
+
+    def p9_busy_host(self):
+        self.start_busy_host()
+        try:
+            processes = sum(1 for name in os.listdir("/proc") if name.isdigit())
+            progress("P9 idle CPU with %d processes on the host" % processes)
+            count = max(10, self.idle_count * 2 // 3)
+            sup, bare, sup_calls, _ = self.idle_cpu(count, "P9")
+            quiet_cpu, quiet_calls = self.results["P5"]
+            ratio = median(sup) / quiet_cpu if quiet_cpu else float("inf")
+            # "No change": within 1.5x of the quiet figure, or within 1 ms/min of it
+            # (the figures are a few ms/min; one /proc scan of 5,000 costs ~45 ms).
+            unchanged = ratio <= 1.5 or median(sup) - quiet_cpu <= 1.0
+            self.add_row("P9a", "idle CPU with %d processes on the host" % processes, sup,
+                         "ms/min", "no change: ratio <= 1.5 or +1 ms/min", ratio, None,
+                         yard_median=quiet_cpu, diff=ratio, diff_text="ratio", passed=unchanged,
+                         extra={"ratio": ratio, "syscalls_per_min_median": median(sup_calls),
+                                "quiet_syscalls_per_min_median": quiet_calls,
+                                "bare_cpu_ms_per_min_median": median(bare),
+                                "host_processes": processes,
+                                "yardstick_note": "P5's supervisors on the quiet host, same run"})
+            progress("P9 drain CPU with %d processes, %d runs" % (processes, self.pairs_big))
+            runs = [self.drain_supervised(1000, "obey") for _ in range(self.pairs_big + 1)][1:]
+            cpus, walls = [r[1] for r in runs], [r[0] for r in runs]
+            ratio = median(cpus) / self.results["P8"]
+            self.add_row("P9b", "drain CPU, 1000 processes, %d on the host" % processes, cpus,
+                         "ms CPU", "ratio to P8 <= 2", ratio, 2.0, yard_median=self.results["P8"],
+                         diff=ratio, diff_text="ratio",
+                         extra={"wall_ms": [round(w, 4) for w in walls], "wall_ms_median": median(walls),
+                                "host_processes": processes})
+            progress("P9c stop file latency with %d processes" % processes)
+            latencies = self.stop_file_latencies(max(5, self.pairs // 3), "P9c")
+            self.add_row("P9c", "stop file -> SIGTERM with %d processes (info)" % processes,
+                         latencies, "ms", "info (P4: <= 5 ms)", None,
+                         yard_median=self.results["P4"], diff_text="vs quiet P4",
+                         extra={"yardstick_note": "P4 on the quiet host, same run"})
+        finally:
+            self.stop_busy_host()
+
+    # P10 --------------------------------------------------------------------------------------
+
+    def peak_rss_triple(self):
+        """One pair: the bare interpreter, `-- sleep 0.5` and a stopped
+        N=1000 tree run at once, VmHWM sampled every ~1 ms. KiB each."""
+        bare = self.spawn([self.py, "-c", "import time; time.sleep(1)"])
+        small = self.spawn(self.supervisor(["--timeout", "600"], ["sleep", "0.5"], receipt=False)[0])
+        argv, receipt_path = self.supervisor(
+            ["--timeout", "600"], [self.py, "-I", "-S", self.tree, "1000", "obey"])
+        read_end, write_end = os.pipe()
+        try:
+            big = self.spawn(argv, stdout=write_end)
+            os.close(write_end)
+            write_end = None
+            pids = {"bare": bare, "small": small, "big": big}
+            peak = dict((k, 0) for k in pids)
+            left, stopped = set(pids), False
+            deadline = time.monotonic() + READY_TIMEOUT
+            while left:
+                for key in list(left):
+                    hwm = vmhwm_kib(pids[key])
+                    if hwm is not None:
+                        peak[key] = max(peak[key], hwm)
+                    if has_exited(pids[key]):
+                        left.discard(key)
+                if not stopped:
+                    poller = select.poll()
+                    poller.register(read_end, select.POLLIN)
+                    if poller.poll(0):
+                        read_ready(read_end, "P10 tree helper")
+                        os.kill(big, signal.SIGTERM)
+                        stopped = True
+                if time.monotonic() > deadline:
+                    raise BenchError("P10: the runs did not end")
+                time.sleep(0.001)
+            for pid in pids.values():
+                os.waitpid(pid, 0)
+        finally:
+            os.close(read_end)
+            if write_end is not None:
+                os.close(write_end)
+        self.check_receipt(receipt_path, "P10", stop_reason="signal")
+        self.sweep("P10")
+        return peak
+
+    def p10_peak_rss(self):
+        count = max(self.pairs_big, self.pairs * 2 // 3)
+        progress("P10 peak RSS, %d triples" % count)
+        triples = [self.peak_rss_triple() for _ in range(count + 1)][1:]
+        mib = 1024.0
+        bare = [t["bare"] / mib for t in triples]
+        for key, what in (("small", "peak RSS, -- sleep 0.5"), ("big", "peak RSS, 1000-process drain")):
+            values = [t[key] / mib for t in triples]
+            diff = median(values) - median(bare)
+            self.add_row("P10" + ("a" if key == "small" else "b"), what + ", over bare PY", values,
+                         "MiB", "diff <= 5 MiB", diff, 5.0, yard=bare,
+                         extra={"yardstick_note": "VmHWM of PY -c 'import time; time.sleep(1)'"})
+
+    # -- Whole run --------------------------------------------------------------------------
+
+    def check_platform(self):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        wait_exited(pid)
+        readable = read_text("/proc/%d/schedstat" % pid) is not None
+        os.waitpid(pid, 0)
+        if not readable:
+            raise BenchError("a zombie's /proc/PID/schedstat is not readable here; P8 cannot be measured")
+        if read_text("/proc/%d/io" % self.me) is None:
+            self.note("/proc/PID/io is not readable: no syscall counts in P5/P9")
+        set_child_subreaper()
+
+    def run(self, only=None):
+        """Every row, quiet host first, the busy host (P9) last."""
+        self.check_platform()
+        steps = (("P1", self.p1_startup), ("P2", self.p2_exit), ("P3", self.p3_deadline),
+                 ("P4", self.p4_stop_file), ("P5", self.p5_idle), ("P6", self.p6_p7_drains),
+                 ("P10", self.p10_peak_rss), ("P9", self.p9_busy_host))
+        for name, step in steps:
+            if only is None or name in only:
+                step()
+        self.read_stderr_log()
+
+    def read_stderr_log(self):
+        text = read_text(self.stderr_log) or ""
+        lines = [line for line in text.splitlines() if line.strip()]
+        if lines:
+            self.note("stderr of the runs (%d lines), first: %s" % (len(lines), " | ".join(lines[:3])))
+
+    def cleanup(self):
+        """Kill and reap all we started, remove the temporary directory."""
+        try:
+            self.stop_busy_host()
+        finally:
+            try:
+                for pid in self.children() - self.keep:
+                    try:
+                        os.kill(pid, signal.SIGTERM)  # supervisors drain their trees
+                    except ProcessLookupError:
+                        pass
+                self.sweep("cleanup", expected=True, grace=3.0)
+            finally:
+                for fd in (self.devnull, self.stderr_fd):
+                    os.close(fd)
+                shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def reference_tools():
+    """(name, argv prefix) of GNU timeout and tini where they are on PATH."""
+    tools = []
+    timeout = shutil.which("timeout")
+    if timeout:
+        try:
+            version = subprocess.run([timeout, "--version"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL).stdout.decode()
+        except OSError:
+            version = ""
+        if "GNU coreutils" in version:
+            tools.append(("timeout", [timeout, "600"]))
+    tini = shutil.which("tini")
+    if tini:
+        tools.append(("tini", [tini, "-s", "-g", "--"]))
+    return tools
+
+
+# --- Output ----------------------------------------------------------------------------------
+
+def progress(text):
+    sys.stderr.write("[%6.1fs] %s\n" % (time.monotonic() - START, text))
+    sys.stderr.flush()
+
+
+def fmt(value, digits=2):
+    if value is None:
+        return "-"
+    if value != value:
+        return "nan"
+    return "%.*f" % (digits, value)
+
+
+def table(rows):
+    header = ["row", "what", "N", "median", "min", "max", "yardstick", "diff/ratio", "unit",
+              "target", "result"]
+    lines = [header]
+    for r in rows:
+        if r["diff_text"] == "ratio":
+            diff = "x%.2f" % r["diff"]
+        elif r["diff"] is None:
+            diff = "-"
+        else:
+            diff = "%+.2f" % r["diff"]
+        lines.append([r["row"], r["what"], str(r["n"]), fmt(r["median"]), fmt(r["min"]),
+                      fmt(r["max"]), fmt(r["yardstick_median"]), diff, r["unit"],
+                      r["target"], r["result"]])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    right = set([2, 3, 4, 5, 6, 7])
+    out = []
+    for k, line in enumerate(lines):
+        cells = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+                 for i, cell in enumerate(line)]
+        out.append("  ".join(cells).rstrip())
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def machine_info(py):
+    version = subprocess.run([py, "-c", "import sys; print(sys.version.split()[0])"],
+                             stdout=subprocess.PIPE).stdout.decode().strip()
+    uname = os.uname()
+    return {
+        "kernel": "%s %s %s" % (uname.sysname, uname.release, uname.machine),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "python": py, "python_version": version,
+        "bench_python_version": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host_processes": sum(1 for name in os.listdir("/proc") if name.isdigit()),
+        "loadavg": os.getloadavg(),
+        "tmp_filesystem": filesystem_of(tempfile.gettempdir()),
+        "supervisor": SUPERVISOR,
+        "python_environment": dict((k, v) for k, v in os.environ.items() if k.startswith("PYTHON")),
+    }
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description="Measure supervisor.py against P1-P10.")
+    parser.add_argument("--python", help="the interpreter binary to run everything with "
+                        "(default: this one, resolved; pyenv shims are refused)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    parser.add_argument("--pairs", type=int, default=None, help="pairs per row (default 30)")
+    parser.add_argument("--pairs-big", type=int, default=None,
+                        help="pairs for the N=1000 rows (default: min(pairs, 12))")
+    parser.add_argument("--quick", action="store_true", help="~10 pairs, for development")
+    parser.add_argument("--only", help="development: comma-separated groups to run "
+                        "(P1,P2,P3,P4,P5,P6 (P6-P8),P10,P9); P9 needs P4,P5,P6 for its ratios")
+    args = parser.parse_args(argv)
+    if args.pairs is None:
+        args.pairs = 10 if args.quick else 30
+    if args.pairs_big is None:
+        args.pairs_big = min(args.pairs, 4 if args.quick else 12)
+    if args.pairs < 1 or args.pairs_big < 1:
+        parser.error("--pairs and --pairs-big must be at least 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        py = resolve_python(args.python or sys.executable)
+    except BenchError as e:
+        sys.stderr.write("bench.py: %s\n" % e)
+        return 2
+    if not sys.platform.startswith("linux"):
+        sys.stderr.write("bench.py: Linux only\n")
+        return 2
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupted)
+
+    info = machine_info(py)
+    bench = Bench(py, args.pairs, args.pairs_big, args.quick)
+    error, status = None, 0
+    gc.disable()  # no collector pauses inside the bench's own timings
+    try:
+        bench.run(set(args.only.upper().split(",")) if args.only else None)
+    except KeyboardInterrupt:
+        error, status = "interrupted", 130
+    except BenchError as e:
+        error, status = str(e), 2
+    finally:
+        bench.cleanup()
+    wall = time.monotonic() - START
+    print("supervisor.py benchmark: %s, Python %s, %s, %d CPUs, %d processes on the host"
+          % (py, info["python_version"], info["kernel"], info["cpu_count"], info["host_processes"]))
+    print("pairs %d (N=1000 rows: %d); times in ms unless the unit says otherwise\n"
+          % (args.pairs, args.pairs_big))
+    if bench.rows:
+        print(table(bench.rows))
+    for text in bench.notes:
+        print("note: " + text)
+    print("\ntotal wall time %.1f s" % wall)
+    if error:
+        sys.stderr.write("bench.py: %s\n" % error)
+    if args.json:
+        document = {"machine": info, "settings": {"pairs": args.pairs, "pairs_big": args.pairs_big,
+                                                  "quick": args.quick, "grace_s": GRACE,
+                                                  "idle_window_s": bench.window},
+                    "rows": bench.rows, "notes": bench.notes, "error": error, "wall_s": wall}
+        with open(args.json, "w") as f:
+            json.dump(document, f, indent=2)
+            f.write("\n")
+    if status:
+        return status
+    return 1 if any(r["result"] == "MISS" for r in bench.rows) else 0
+
+
+START = time.monotonic()
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The command line: bad input is refused with one line and nothing left
+anywhere; durations read as timeout(1) reads them; help and version."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import IS_ROOT, PY, ROOT, read_receipt, run_supervisor
+
+sys.path.insert(0, ROOT)
+import supervisor  # noqa: E402  (the pure helpers only: no run in-process)
+
+
+def listing(top):
+    return sorted(os.path.relpath(os.path.join(d, n), str(top))
+                  for d, dirs, files in os.walk(str(top)) for n in dirs + files)
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    """A workdir, a receipt path in directories that do not exist yet, and a
+    marker the command would create if it ever ran."""
+    work = tmp_path / "work"
+    work.mkdir()
+    return {"work": work, "receipt": tmp_path / "out" / "deep" / "receipt.json",
+            "marker": work / "ran", "top": tmp_path}
+
+
+def refused(sandbox, args, python=PY, must_name=None):
+    """Run with bad args: exit 125, one stderr line naming the problem,
+    nothing started, no file or directory created."""
+    before = listing(sandbox["top"])
+    result = run_supervisor(*args, python=python)
+    assert result.returncode == 125, (args, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("supervisor.py: "), result.stderr
+    if must_name:
+        assert must_name in lines[0], lines[0]
+    assert result.stdout == ""
+    assert not sandbox["marker"].exists()
+    assert listing(sandbox["top"]) == before
+    return lines[0]
+
+
+def good(sandbox, **replace):
+    args = {"--timeout": "5", "--workdir": sandbox["work"], "--receipt": sandbox["receipt"]}
+    args.update(replace)
+    flat = []
+    for name, value in args.items():
+        if value is not None:
+            flat += [name, value]
+    return flat + ["--", "touch", sandbox["marker"]]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "NaN", "inf", "-inf", "abc", "", " ",
+                                   "1e-10000", "0s", "5x", "1..2", "1e400", "m", "--"])
+def test_bad_timeout_is_refused(sandbox, value):
+    refused(sandbox, good(sandbox, **{"--timeout": value}), must_name="--timeout")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "abc"])
+def test_bad_cleanup_timeout_is_refused(sandbox, value):
+    refused(sandbox, good(sandbox, **{"--cleanup-timeout": value}), must_name="--cleanup-timeout")
+
+
+def test_missing_timeout_is_refused(sandbox):
+    refused(sandbox, good(sandbox, **{"--timeout": None}), must_name="--timeout")
+
+
+def test_option_without_value_is_refused(sandbox):
+    refused(sandbox, ["--timeout"], must_name="--timeout")
+
+
+@pytest.mark.parametrize("tail", [["--"], []])
+def test_no_command_is_refused(sandbox, tail):
+    refused(sandbox, ["--timeout", "5", "--workdir", sandbox["work"]] + tail, must_name="command")
+
+
+def test_unknown_option_is_refused(sandbox):
+    refused(sandbox, ["--bogus"] + good(sandbox), must_name="--bogus")
+
+
+def test_receipt_inside_the_workdir_is_refused(sandbox):
+    inside = sandbox["work"] / "sub" / "receipt.json"
+    refused(sandbox, good(sandbox, **{"--receipt": inside}), must_name="--receipt")
+
+
+def test_receipt_inside_the_workdir_through_a_symlink_is_refused(sandbox):
+    link = sandbox["top"] / "innocent"
+    link.symlink_to(sandbox["work"])
+    refused(sandbox, good(sandbox, **{"--receipt": link / "receipt.json"}), must_name="--receipt")
+
+
+def test_receipt_inside_the_workdir_through_dotdot_is_refused(sandbox):
+    sneaky = "%s/../%s/receipt.json" % (sandbox["top"] / "elsewhere", sandbox["work"].name)
+    refused(sandbox, good(sandbox, **{"--receipt": sneaky}), must_name="--receipt")
+
+
+def test_receipt_that_is_the_workdir_is_refused(sandbox):
+    refused(sandbox, good(sandbox, **{"--receipt": sandbox["work"]}), must_name="--receipt")
+
+
+def test_receipt_directory_not_writable_is_refused(sandbox):
+    locked = sandbox["top"] / "locked"
+    locked.mkdir()
+    if IS_ROOT:  # root writes through permissions: use a read-only mount
+        subprocess.check_call(["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(locked)])
+    else:
+        locked.chmod(0o500)
+    try:
+        line = refused(sandbox, good(sandbox, **{"--receipt": locked / "a" / "receipt.json"}),
+                       must_name="--receipt")
+        assert str(locked) in line
+    finally:
+        if IS_ROOT:
+            subprocess.check_call(["umount", str(locked)])
+        else:
+            locked.chmod(0o700)
+
+
+def test_missing_workdir_is_refused(sandbox):
+    refused(sandbox, good(sandbox, **{"--workdir": sandbox["top"] / "missing"}),
+            must_name="--workdir")
+
+
+def test_workdir_that_is_a_file_is_refused(sandbox):
+    plain = sandbox["top"] / "plain"
+    plain.write_text("")
+    refused(sandbox, good(sandbox, **{"--workdir": plain}), must_name="--workdir")
+
+
+def test_refuses_outside_linux(sandbox):
+    code = ("import sys; sys.platform = 'darwin'; import supervisor; "
+            "sys.exit(supervisor.main(sys.argv[1:]))")
+    result = subprocess.run([PY, "-c", code] + [str(a) for a in good(sandbox)], cwd=ROOT,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=30)
+    assert result.returncode == 125
+    assert "needs Linux" in result.stderr and not sandbox["marker"].exists()
+
+
+def test_refuses_a_proc_of_another_pid_namespace(sandbox):
+    if not IS_ROOT:
+        pytest.skip("needs root for unshare --pid")
+    result = subprocess.run(["unshare", "--pid", "--fork", PY, os.path.join(ROOT, "supervisor.py")]
+                            + [str(a) for a in good(sandbox)], stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=30)
+    assert result.returncode == 125
+    assert "PID namespace" in result.stderr and not sandbox["marker"].exists()
+
+
+# --- Durations ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, seconds", [
+    ("90", 90.0), ("1.5", 1.5), ("10m", 600.0), ("2h", 7200.0), ("1d", 86400.0),
+    ("0.25s", 0.25), ("1e3", 1000.0), (".5", 0.5), ("+7", 7.0), ("1e300", 1e300),
+])
+def test_durations_read_as_timeout_reads_them(any_python, sandbox, text, seconds):
+    args = good(sandbox, **{"--timeout": text, "--cleanup-timeout": text})
+    result = run_supervisor(*args, python=any_python)
+    assert result.returncode == 0, result.stderr
+    receipt = read_receipt(sandbox["receipt"])
+    assert receipt["timeout_s"] == seconds and receipt["cleanup_timeout_s"] == seconds
+
+
+@given(st.floats(min_value=1e-6, max_value=1e12), st.sampled_from(["", "s", "m", "h", "d"]))
+def test_parse_duration_accepts_every_positive_number(value, unit):
+    parsed = supervisor.parse_duration(repr(value) + unit)
+    assert math.isclose(parsed, value * supervisor.DURATION_UNITS.get(unit, 1))
+
+
+@given(st.text())
+def test_parse_duration_accepts_only_positive_finite_values(text):
+    try:
+        value = supervisor.parse_duration(text)
+    except supervisor.UsageError as e:
+        assert "--timeout" in str(e)
+    else:
+        assert 0 < value < float("inf")
+
+
+def test_huge_timeout_does_not_overflow_a_wait(any_python, sandbox):
+    args = good(sandbox, **{"--timeout": "1e300", "--cleanup-timeout": "1e300"})
+    args[-2:] = ["sh", "-c", "sleep 0.2; exit 4"]
+    result = run_supervisor(*args, python=any_python)
+    assert result.returncode == 4, result.stderr
+
+
+# --- Help, version, receipt encoding -----------------------------------------------------------
+
+def test_help(any_python):
+    result = run_supervisor("--help", python=any_python)
+    assert result.returncode == 0 and "--timeout SECONDS" in result.stdout
+
+
+def test_version(any_python):
+    result = run_supervisor("--version", python=any_python)
+    assert result.returncode == 0
+    assert result.stdout == "supervisor.py %s\n" % supervisor.__version__
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text()
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=20)
+
+
+@given(json_values)
+@settings(max_examples=300)
+def test_receipt_json_is_what_the_json_module_writes(value):
+    text = supervisor._json(value)
+    assert text == json.dumps(value, indent=2)
+    assert json.loads(text) == value
+    text.encode("ascii")

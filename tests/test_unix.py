@@ -1,0 +1,425 @@
+"""Where it runs: inherited signal state, every signal, a second stop signal,
+terminals, PID 1, odd parents, durations, closed stdio.
+
+Every test here that needs no terminal runs under each CPython on the machine
+(the any_python fixture)."""
+import fcntl
+import os
+import pty
+import select
+import signal
+import subprocess
+import termios
+import time
+
+import pytest
+
+from conftest import (
+    HELPERS, IS_ROOT, PY, SUPERVISOR, all_procs, alive, descendants, finish, kill_pinned,
+    proc_stat, read_lines_until, read_receipt, run_supervisor, start_supervisor, start_tree,
+    supervisor_cmd, tree_cmd, wait_until,
+)
+
+CATCHER = [PY, os.path.join(HELPERS, "catcher.py")]
+
+
+class Paths(object):
+    def __init__(self, tmp_path):
+        self.work = tmp_path / "work"
+        self.work.mkdir()
+        self.receipt = tmp_path / "out" / "receipt.json"
+        self.stop = tmp_path / "stop"
+
+    def options(self, timeout=30, cleanup=2):
+        return ["--timeout", timeout, "--cleanup-timeout", cleanup,
+                "--workdir", self.work, "--receipt", self.receipt]
+
+
+@pytest.fixture
+def paths(tmp_path):
+    return Paths(tmp_path)
+
+
+def mask_of(*signals):
+    return sum(1 << (s - 1) for s in signals)
+
+
+def sig_masks(text):
+    """{SigBlk: int, SigIgn: int} from grep output of /proc/self/status."""
+    masks = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        masks[key] = int(value.strip(), 16)
+    return masks
+
+
+def caller(blocked=(), ignored=()):
+    """preexec_fn: the state a parent hands us (nohup, a shell, a launcher)."""
+    def prepare():
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    return prepare
+
+
+# --- 1. Inherited signal state ------------------------------------------------------------------
+
+def test_command_gets_the_callers_mask_and_ignores_but_default_chld_pipe_xfsz(any_python, paths):
+    blocked = (signal.SIGUSR2, signal.SIGALRM, signal.SIGCHLD, signal.SIGTERM)
+    ignored = (signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD)
+    result = run_supervisor(*paths.options() + ["--", "grep", "-E", "^Sig(Blk|Ign)",
+                                                "/proc/self/status"],
+                            python=any_python, preexec_fn=caller(blocked, ignored))
+    assert result.returncode == 0, result.stderr
+    masks = sig_masks(result.stdout)
+    assert masks["SigBlk"] == mask_of(signal.SIGUSR2, signal.SIGALRM, signal.SIGTERM)
+    assert masks["SigIgn"] == mask_of(signal.SIGHUP, signal.SIGQUIT)
+
+
+def test_blocked_and_ignored_sigchld_in_the_caller_do_not_break_waits(any_python, paths):
+    prepare = caller(blocked=(signal.SIGCHLD, signal.SIGTERM), ignored=(signal.SIGCHLD,))
+    result = run_supervisor(*paths.options() + ["--", "sh", "-c", "sleep 0.1 & wait; exit 6"],
+                            python=any_python, preexec_fn=prepare)
+    assert result.returncode == 6, result.stderr
+    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; exec sleep 30"],
+                            python=any_python, preexec_fn=prepare)
+    read_lines_until(proc.stdout, "started")
+    proc.send_signal(signal.SIGTERM)  # blocked in the caller, unblocked by us
+    status, _, err = finish(proc)
+    assert status == 143, err
+    assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
+def test_a_stop_signal_ignored_by_the_caller_stays_ignored(any_python, paths, sig):
+    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; sleep 0.5; exit 9"],
+                            python=any_python, preexec_fn=caller(ignored=(sig,)))
+    read_lines_until(proc.stdout, "started")
+    proc.send_signal(sig)
+    status, _, err = finish(proc)
+    assert status == 9, err
+    assert read_receipt(paths.receipt)["stop_reason"] == "exit"
+
+
+def test_sigpipe_kills_the_writer_of_a_closed_pipe_inside_the_command(any_python, paths):
+    script = 'yes | head -n 1 >/dev/null; echo "yes: ${PIPESTATUS[0]}"'
+    result = run_supervisor(*paths.options() + ["--", "bash", "-c", script],
+                            python=any_python, preexec_fn=caller(ignored=(signal.SIGPIPE,)))
+    assert result.returncode == 0
+    assert result.stdout == "yes: %d\n" % (128 + signal.SIGPIPE)
+    assert result.stderr == ""  # no "Broken pipe" from yes
+
+
+# --- 2. Every signal has a meaning -------------------------------------------------------------
+
+FATAL = ["SIGQUIT", "SIGALRM", "SIGVTALRM", "SIGXCPU", "SIGXFSZ", "SIGPROF", "SIGIO",
+         "SIGPWR", "SIGSYS", "SIGSTKFLT"]
+
+
+@pytest.mark.parametrize("name", FATAL + ["SIGRTMIN", "SIGRTMIN+5", "SIGRTMAX"])
+def test_every_other_fatal_signal_is_a_forced_stop(any_python, paths, name):
+    base, _, offset = name.partition("+")
+    number = getattr(signal, base) + int(offset or 0)
+    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; exec sleep 30"],
+                            python=any_python)
+    read_lines_until(proc.stdout, "started")
+    proc.send_signal(number)
+    status, _, err = finish(proc)
+    assert status == 128 + number, err
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "signal" and receipt["signal"] == name
+    assert receipt["cleanup_confirmed"] is True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH])
+def test_usr1_usr2_winch_are_forwarded_to_the_group(any_python, paths, sig):
+    proc = start_supervisor(*paths.options() + ["--"] + CATCHER, python=any_python)
+    read_lines_until(proc.stdout, "ready")
+    proc.send_signal(sig)
+    read_lines_until(proc.stdout, "GOT " + signal.Signals(sig).name)
+    proc.send_signal(signal.SIGTERM)
+    status, _, err = finish(proc)
+    assert status == 143, err
+
+
+def test_sigpipe_to_the_supervisor_is_ignored(any_python, paths):
+    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; sleep 0.5; exit 2"],
+                            python=any_python)
+    read_lines_until(proc.stdout, "started")
+    proc.send_signal(signal.SIGPIPE)
+    status, _, err = finish(proc)
+    assert status == 2, err
+
+
+# --- 3. A second stop signal ----------------------------------------------------------------
+
+def test_a_second_stop_signal_skips_the_grace(any_python, paths):
+    spec = {"name": "cmd", "ignore_term": True, "children": [{"name": "m", "ignore_term": True}]}
+    proc, nodes = start_tree(spec, *paths.options(cleanup=60), python=any_python)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    status, _, err = finish(proc)
+    assert status == 143, err  # the first signal decides
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "signal" and receipt["signal"] == "SIGTERM"
+    assert receipt["cleanup_confirmed"] is True
+    grace = receipt["ladder"][0]
+    assert grace["step"] == "terminating" and grace["duration_s"] < 30  # not the 60 s grace
+    assert not any(alive(pid) for pid in nodes.values())
+
+
+# --- 4. Terminals ------------------------------------------------------------------------------
+
+def spawn_in_pty(argv):
+    """Start argv as a session leader with a new pseudo-terminal as its
+    controlling terminal and stdio. Returns (process, master fd)."""
+    master, slave = pty.openpty()
+
+    def take_terminal():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,
+                            preexec_fn=take_terminal, close_fds=True)
+    os.close(slave)
+    return proc, master
+
+
+def read_pty_until(master, text, timeout=20.0):
+    seen = b""
+    end = time.monotonic() + timeout
+    while text.encode() not in seen:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError("no %r on the terminal; saw %r" % (text, seen))
+        if select.select([master], [], [], remaining)[0]:
+            try:
+                seen += os.read(master, 4096)
+            except OSError:  # EIO: the other side closed
+                raise AssertionError("terminal closed before %r; saw %r" % (text, seen))
+    return seen.decode(errors="replace")
+
+
+def test_ctrl_c_on_the_terminal_ends_the_command(paths):
+    spec_member = "sleep 300 & echo $! > %s/member; exec %s %s/catcher.py --read" % (
+        paths.work, PY, HELPERS)
+    proc, master = spawn_in_pty(supervisor_cmd(*paths.options() + ["--", "sh", "-c", spec_member]))
+    try:
+        read_pty_until(master, "ready")
+        os.write(master, b"hello\n")  # the command has the terminal: it can read
+        read_pty_until(master, "read hello")
+        os.write(master, b"\x03")
+        assert proc.wait(timeout=20) == 130
+    finally:
+        os.close(master)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["return_code"] == -signal.SIGINT and receipt["stop_reason"] == "exit"
+    assert receipt["cleanup_confirmed"] is True
+    assert not alive(int((paths.work / "member").read_text()))
+
+
+def test_ctrl_z_suspends_the_run_and_fg_resumes_it(paths):
+    proc, master = spawn_in_pty(["env", "PS1=prompt$ ", "bash", "--norc", "--noprofile", "-i"])
+    try:
+        read_pty_until(master, "prompt$ ")
+        command = " ".join(supervisor_cmd(*paths.options() + ["--"] + CATCHER + ["--read"]))
+        os.write(master, command.encode() + b"\n")
+        read_pty_until(master, "ready")
+        os.write(master, b"\x1a")
+        read_pty_until(master, "Stopped")
+        supervisor = [p for p in descendants(proc.pid) if (proc_stat(p) or "x")[1] == proc.pid]
+        assert supervisor and proc_stat(supervisor[0])[0] == "T"
+        command_pid = [p for p in descendants(supervisor[0])][0]
+        assert proc_stat(command_pid)[0] == "T"
+        os.write(master, b"fg\n")
+        os.write(master, b"again\n")
+        read_pty_until(master, "read again")  # resumed, and it has the terminal again
+        os.write(master, b"\x03")
+        read_pty_until(master, "prompt$ ")  # Ctrl-C flushes what is typed before it
+        os.write(master, b"echo status=$?\n")
+        read_pty_until(master, "status=130")
+        os.write(master, b"exit\n")
+        proc.wait(timeout=20)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
+
+
+# --- 5. PID 1 ----------------------------------------------------------------------------------
+
+def test_as_pid_1_of_a_pid_namespace(any_python, paths):
+    if not IS_ROOT:
+        pytest.skip("needs root for unshare --pid")
+    script = ("(sleep 0.1 &); (sleep 0.1 &); setsid sh -c 'sleep 300' & "
+              "sleep 0.5; echo started; exec sleep 30")
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc"]
+                            + supervisor_cmd(*paths.options() + ["--", "sh", "-c", script],
+                                             python=any_python),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    read_lines_until(proc.stdout, "started")
+    supervisor = descendants(proc.pid)
+    tree = dict((p, proc_stat(p)) for p in supervisor)
+    pid1 = [p for p, s in tree.items() if s and s[1] == proc.pid][0]
+    zombies = [p for p in descendants(pid1) if (proc_stat(p) or "Z")[0] == "Z"]
+    assert zombies == []  # the short-lived orphans were reaped
+    os.kill(pid1, signal.SIGTERM)  # PID 1 has no default actions: ours must work
+    status, _, err = finish(proc)
+    assert status == 143, err
+    receipt = read_receipt(paths.receipt)
+    assert receipt["supervisor_pid"] == 1 and receipt["stop_reason"] == "signal"
+    assert receipt["cleanup_confirmed"] is True
+    assert not [p for p in supervisor if alive(p)]  # the namespace died with PID 1
+
+
+# --- 6. Odd parents ----------------------------------------------------------------------------
+
+def test_nested_supervisors_an_outer_deadline_stops_the_inner_cleanly(any_python, paths, tmp_path):
+    inner_receipt = tmp_path / "inner.json"
+    inner = supervisor_cmd("--timeout", 60, "--cleanup-timeout", 1, "--receipt", inner_receipt,
+                           "--workdir", paths.work, "--", *tree_cmd(
+                               {"name": "cmd", "children": [{"name": "tool", "session": True}]}),
+                           python=any_python)
+    proc = start_supervisor(*paths.options(timeout=1, cleanup=5) + ["--"] + inner,
+                            python=any_python)
+    lines = read_lines_until(proc.stdout, "READY")
+    status, _, err = finish(proc)
+    assert status == 124, err
+    outer, inner = read_receipt(paths.receipt), read_receipt(inner_receipt)
+    assert outer["cleanup_confirmed"] is True and outer["stop_reason"] == "timeout"
+    assert inner["cleanup_confirmed"] is True and inner["signal"] == "SIGTERM"
+    assert outer["return_code"] == 143  # the inner one exited, it was not killed
+    pids = [int(line.split()[2]) for line in lines if line.startswith("NODE")]
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_nested_supervisors_the_outer_drains_what_a_killed_inner_left(any_python, paths, tmp_path):
+    spec = {"name": "cmd", "ignore_term": True, "children": [
+        {"name": "a", "ignore_term": True}, {"name": "b", "session": True, "ignore_term": True}]}
+    inner = supervisor_cmd("--timeout", 60, "--cleanup-timeout", 30, "--receipt",
+                           tmp_path / "inner.json", "--workdir", paths.work, "--",
+                           *tree_cmd(spec), python=any_python)
+    proc = start_supervisor(*paths.options(timeout=1, cleanup=0.5) + ["--"] + inner,
+                            python=any_python)
+    lines = read_lines_until(proc.stdout, "READY")
+    status, _, err = finish(proc)
+    assert status == 124, err
+    outer = read_receipt(paths.receipt)
+    assert outer["return_code"] == -signal.SIGKILL  # the inner supervisor was killed
+    assert outer["cleanup_confirmed"] is True
+    assert not (tmp_path / "inner.json").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".inner")] == []
+    pids = [int(line.split()[2]) for line in lines if line.startswith("NODE")]
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_new_session_survives_a_kill_of_the_callers_group(any_python, paths):
+    spec = {"name": "cmd", "children": [{"name": "m"}, {"name": "t", "session": True}]}
+    proc, nodes = start_tree(spec, "--new-session", *paths.options(), python=any_python,
+                             start_new_session=True)
+    os.killpg(proc.pid, signal.SIGKILL)  # what some exec launchers do on cancel
+    proc.wait()
+    assert wait_until(lambda: paths.receipt.exists(), timeout=20)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "signal" and receipt["signal"] == "SIGTERM"
+    assert receipt["cleanup_confirmed"] is True
+    assert wait_until(lambda: not any(alive(pid) for pid in nodes.values()))
+
+
+def test_new_session_relays_signals_and_the_exit_status(any_python, paths):
+    proc = start_supervisor("--new-session", *paths.options() + ["--", "sh", "-c",
+                            "echo sid=$(cut -d' ' -f6 /proc/$$/stat); echo ready; exec sleep 30"],
+                            python=any_python)
+    line = [l for l in read_lines_until(proc.stdout, "ready") if l.startswith("sid=")][0]
+    sid = int(line.split("=")[1])
+    assert sid != os.getsid(0) and sid != proc.pid  # its own session, led by the inner one
+    proc.send_signal(signal.SIGINT)
+    status, _, err = finish(proc)
+    assert status == 130, err
+    assert read_receipt(paths.receipt)["signal"] == "SIGINT"
+    assert run_supervisor("--new-session", *paths.options() + ["--", "sh", "-c", "exit 5"],
+                          python=any_python).returncode == 5
+
+
+def test_a_supervisor_killed_with_sigkill_leaves_no_receipt(any_python, paths):
+    spec = {"name": "cmd", "children": [{"name": "m"}]}
+    proc, nodes = start_tree(spec, *paths.options(), python=any_python)
+    proc.kill()
+    proc.wait()
+    try:
+        assert not paths.receipt.exists()
+        assert [p.name for p in paths.receipt.parent.iterdir()] == []
+    finally:
+        for pid in nodes.values():
+            kill_pinned(pid)
+        wait_until(lambda: not any(alive(pid) for pid in nodes.values()))
+
+
+def test_children_inherited_from_before_exec_are_never_touched(any_python, paths):
+    inner = " ".join(supervisor_cmd(*paths.options(timeout=0.5) + [
+        "--", "sh", "-c", "'sleep 0.2; exit 0'"], python=any_python))
+    script = "sleep 300 >/dev/null 2>&1 & echo inherited=$!; sleep 0.05 & exec %s" % inner
+    result = subprocess.run(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=60)
+    inherited = int(result.stdout.split("=")[1])
+    try:
+        assert result.returncode == 0, result.stderr  # the quick inherited child's exit is not ours
+        assert alive(inherited)
+        assert read_receipt(paths.receipt)["preserved"] == []
+        forced = "sleep 300 >/dev/null 2>&1 & echo inherited=$!; exec %s" % " ".join(supervisor_cmd(
+            *paths.options(timeout=0.3) + ["--", "sleep", "30"], python=any_python))
+        result = subprocess.run(["sh", "-c", forced], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+        second = int(result.stdout.split("=")[1])
+        assert result.returncode == 124 and alive(second)
+        receipt = read_receipt(paths.receipt)
+        assert receipt["preserved"] == [] and receipt["cleanup_confirmed"] is True
+    finally:
+        for pid in [p for p in descendants(os.getpid()) if alive(p)]:
+            kill_pinned(pid)
+
+
+# --- 8. Closed or broken stdio -----------------------------------------------------------------
+
+def test_closed_stdio_is_passed_on_closed_and_does_not_stop_the_run(any_python, paths):
+    probe = ("import os\n"
+             "state = []\n"
+             "for fd in (0, 1, 2):\n"
+             "    try:\n"
+             "        os.fstat(fd); state.append('open')\n"
+             "    except OSError:\n"
+             "        state.append('closed')\n"
+             "open('fds', 'w').write(' '.join(state))\n")
+
+    def close_stdio():
+        for fd in (0, 1, 2):
+            os.close(fd)
+
+    result = subprocess.run(supervisor_cmd(*paths.options() + ["--", PY, "-c", probe],
+                                           python=any_python),
+                            preexec_fn=close_stdio, timeout=60)
+    assert result.returncode == 0
+    assert (paths.work / "fds").read_text() == "closed closed closed"
+    assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
+    result = subprocess.run(supervisor_cmd(*paths.options(timeout=0.3) + ["--", "nope-not-here"],
+                                           python=any_python),
+                            preexec_fn=close_stdio, timeout=60)
+    assert result.returncode == 127
+
+
+def test_a_broken_stderr_pipe_does_not_change_the_outcome(any_python, paths):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # whoever read our stderr is gone
+    try:
+        result = subprocess.run(supervisor_cmd(*paths.options() + ["--", "nope-not-here"],
+                                               python=any_python), stderr=write_end, timeout=60)
+        assert result.returncode == 127
+        result = subprocess.run(supervisor_cmd(*paths.options(timeout=0.3) + ["--", "sleep", "30"],
+                                               python=any_python), stderr=write_end, timeout=60)
+        assert result.returncode == 124
+    finally:
+        os.close(write_end)
+    assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
