@@ -169,6 +169,35 @@ def test_a_second_stop_signal_skips_the_grace(any_python, paths):
     assert not any(alive(pid) for pid in nodes.values())
 
 
+def test_a_stop_signal_after_a_natural_exit_only_hurries_the_drain(any_python, paths):
+    spec = {"name": "cmd", "exit_early": True, "exit_code": 3,
+            "children": [{"name": "m", "ignore_term": True}]}
+    proc, nodes = start_tree(spec, *paths.options(cleanup=60), python=any_python)
+    assert wait_until(lambda: not alive(nodes["cmd"]))
+    time.sleep(0.2)  # the grace has begun
+    proc.send_signal(signal.SIGTERM)
+    status, _, err = finish(proc)
+    assert status == 3, err
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "exit" and receipt["signal"] is None
+    assert receipt["ladder"][0]["duration_s"] < 30 and receipt["cleanup_confirmed"] is True
+    assert not alive(nodes["m"])
+
+
+def test_sigtstp_suspends_the_run_and_sigcont_resumes_it(any_python, paths):
+    proc = start_supervisor(*paths.options() + ["--"] + CATCHER, python=any_python)
+    read_lines_until(proc.stdout, "ready")
+    command = [p for p in descendants(proc.pid) if proc_stat(p)[1] == proc.pid][0]
+    proc.send_signal(signal.SIGTSTP)
+    assert wait_until(lambda: proc_stat(proc.pid)[0] == "T" and proc_stat(command)[0] == "T")
+    proc.send_signal(signal.SIGCONT)
+    read_lines_until(proc.stdout, "GOT SIGCONT")  # the command was resumed too
+    assert proc_stat(proc.pid)[0] != "T"
+    proc.send_signal(signal.SIGTERM)
+    status, _, err = finish(proc)
+    assert status == 143, err
+
+
 # --- 4. Terminals ------------------------------------------------------------------------------
 
 def spawn_in_pty(argv):
