@@ -312,7 +312,8 @@ def read_proc(pid):
     finally:
         os.close(fd)
     # The command name may hold spaces and parentheses: split after the last ')'.
-    return Proc(pid, data[data.rindex(b")") + 2:].split(None, 21))
+    end = data.rfind(b")")
+    return Proc(pid, data[end + 2:].split(None, 21)) if end > 0 else None
 
 
 def scan_proc():
@@ -683,11 +684,21 @@ class _StopFileWatch(object):
         self._rewatch()
 
     def _rewatch(self):
-        """Watch the deepest existing directory: the file's own once it exists."""
+        """Watch the deepest existing directory: the file's own once it exists.
+        A watch follows its inode, so a directory renamed or replaced is
+        watched anew."""
         directory = os.path.dirname(self.path)
-        while not os.path.isdir(directory) and directory != os.path.dirname(directory):
+        while True:
+            try:
+                st = os.stat(directory)
+                if st.st_mode & 0o170000 == 0o040000:  # a directory
+                    break
+            except OSError:
+                pass
+            if directory == os.path.dirname(directory):
+                return
             directory = os.path.dirname(directory)
-        if directory == self.watched:
+        if (directory, st.st_dev, st.st_ino) == self.watched:
             return
         libc = _libc()
         mask = IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
@@ -696,7 +707,7 @@ class _StopFileWatch(object):
         except OSError:  # ENOSPC (watch limit), EACCES: poll instead
             self.watched, self.interval = None, STOP_FILE_POLL_INTERVAL
             return
-        self.watched = directory
+        self.watched = (directory, st.st_dev, st.st_ino)
         self.interval = (STOP_FILE_POLL_INTERVAL if _inotify_blind(directory)
                          else STOP_FILE_SAFETY_INTERVAL)
 
@@ -1063,11 +1074,10 @@ def _drain(run, forced, deadline, snap=None):
             continue
         pins = tree.kill(snap, targets)
         try:
-            waited = [p for p in pins if p.fd is not None]
-            if waited:
+            if pins:
                 _await_exits(run, pins, deadline)
-            else:  # nothing the kernel can wake us for (no pidfds)
-                _await_exits(run, pins[:1], min(deadline, time.monotonic() + EXIT_POLL_MAX))
+            else:  # nothing provable yet: wait for an adoption (SIGCHLD) or a moment
+                run.wait(min(deadline, time.monotonic() + EXIT_POLL_MAX))
         finally:
             for pin in pins:
                 pin.close()

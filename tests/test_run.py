@@ -116,6 +116,27 @@ def test_stop_file_in_a_directory_created_later(tmp_path, paths):
     assert read_receipt(paths.receipt)["stop_reason"] == "stop_file"
 
 
+def test_stop_file_in_a_directory_replaced_during_the_run(tmp_path, paths):
+    """The watch follows the directory's inode: a directory renamed away and
+    replaced must be watched anew, not left to the slow safety check (2 s)."""
+    control = tmp_path / "control"
+    control.mkdir()
+    paths.stop = control / "stop"
+    proc = start_supervisor(*paths.options(stop=True) + [
+        "--", "sh", "-c", "echo started; exec sleep 30"])
+    read_lines_until(proc.stdout, "started")
+    spare = tmp_path / "spare"
+    spare.mkdir()
+    os.rename(str(control), str(tmp_path / "old-control"))
+    os.rename(str(spare), str(control))
+    time.sleep(0.2)  # the supervisor has seen the renames
+    created = time.monotonic()
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    assert status == 124, err
+    assert time.monotonic() - created < 1.0  # inotify, not the safety check
+
+
 def test_stop_file_present_at_start_means_never_started(any_python, paths):
     paths.stop.write_text("")
     marker = paths.work / "ran"
