@@ -2,6 +2,11 @@
 """bench.py: measure supervisor.py against the performance targets P1-P10.
 
     python3 scripts/bench.py [--python PATH] [--json PATH] [--pairs N] [--quick]
+                             [--pairs-big N] [--only P1,P6,...]
+
+Takes ~3 minutes on two vCPUs (--quick: ~1.5). --only runs some groups, for
+development. Under a pyenv shim the bench may run as the shim's child: to
+stop it, Ctrl-C (the whole foreground group) or signal the bench's own pid.
 
 Every row runs the real interpreter binary PY (default: this one, resolved
 with os.path.realpath; a pyenv shim or any script is refused) as
@@ -42,6 +47,8 @@ How each row is measured
       has exited (waitid WNOWAIT; the receipt is written and fsynced before
       exit). Yardstick: the bench (a child subreaper) starts the same helper
       in a new group, then killpg(SIGTERM) and waitpid until all N are reaped.
+      The JSON also gives SIGTERM -> the receipt's ended_at (supervise()
+      returned; before the receipt write and the interpreter's exit).
   P7  the same with SIGTERM ignored, --cleanup-timeout 0.2 (the grace); the
       yardstick sends SIGKILL after the same 0.2 s. Checked: median - grace
       against the P6 target.
@@ -49,11 +56,13 @@ How each row is measured
       runs: schedstat just before SIGTERM and on its zombie (not wait4's
       rusage, which adds the CPU of the children it reaped).
   P9  5,000 unrelated `sleep 600` (the bench's children, in one new process
-      group, killed with killpg and reaped at the end): P5 again (idle CPU
-      and syscalls, ratio to the quiet figure) and P8 again (ratio to P8).
-      P9c (info) repeats P4 on the busy host.
+      group, killed with killpg and reaped at the end): P5 again with 20
+      supervisors (idle CPU and syscalls; "no change" = ratio to the quiet
+      P5 <= 1.5 or within 1 ms/min: idle figures are a few ms/min, one scan
+      of 5,000 processes costs ~45 ms) and P8 again (ratio to P8 <= 2).
+      P9c (info) repeats P4 on the busy host (10 runs).
   P10 peak RSS: VmHWM of /proc/PID/status sampled every ~1 ms until exit,
-      for `-- sleep 0.5` and for a stopped N=1000 tree, vs the bare
+      for `-- sleep 0.5` and for a stopped N=1000 tree (20 triples), vs the bare
       `PY -c "import time; time.sleep(1)"` running at the same time. Not
       wait4's ru_maxrss: it adds the children's peaks, and posix_spawn's
       vfork-style child hands the bench's own peak to the exec'd process.

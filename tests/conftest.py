@@ -265,6 +265,27 @@ def start_tree(spec, *options, python=PY, tree_python=PY, **kwargs):
     return proc, nodes
 
 
+class Paths(object):
+    """A workdir, a receipt path outside it (its directory not yet made), and
+    a stop-file path: the usual layout of one supervised run."""
+
+    def __init__(self, tmp_path):
+        self.work = tmp_path / "work"
+        self.work.mkdir()
+        self.receipt = tmp_path / "out" / "receipt.json"
+        self.stop = tmp_path / "stop"
+
+    def options(self, timeout=30, cleanup=2, stop=False):
+        opts = ["--timeout", timeout, "--cleanup-timeout", cleanup,
+                "--workdir", self.work, "--receipt", self.receipt]
+        return opts + (["--stop-file", self.stop] if stop else [])
+
+
+@pytest.fixture
+def paths(tmp_path):
+    return Paths(tmp_path)
+
+
 def read_receipt(path):
     with open(str(path)) as f:
         return json.load(f)

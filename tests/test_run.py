@@ -15,24 +15,6 @@ from conftest import (
 )
 
 
-class Paths(object):
-    def __init__(self, tmp_path):
-        self.work = tmp_path / "work"
-        self.work.mkdir()
-        self.receipt = tmp_path / "out" / "receipt.json"
-        self.stop = tmp_path / "stop"
-
-    def options(self, timeout=30, cleanup=2, stop=False):
-        opts = ["--timeout", timeout, "--cleanup-timeout", cleanup,
-                "--workdir", self.work, "--receipt", self.receipt]
-        return opts + (["--stop-file", self.stop] if stop else [])
-
-
-@pytest.fixture
-def paths(tmp_path):
-    return Paths(tmp_path)
-
-
 def kill_all(pids):
     """End what a test deliberately left running (preserved services)."""
     for pid in pids:

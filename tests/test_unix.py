@@ -23,23 +23,6 @@ from conftest import (
 CATCHER = [PY, os.path.join(HELPERS, "catcher.py")]
 
 
-class Paths(object):
-    def __init__(self, tmp_path):
-        self.work = tmp_path / "work"
-        self.work.mkdir()
-        self.receipt = tmp_path / "out" / "receipt.json"
-        self.stop = tmp_path / "stop"
-
-    def options(self, timeout=30, cleanup=2):
-        return ["--timeout", timeout, "--cleanup-timeout", cleanup,
-                "--workdir", self.work, "--receipt", self.receipt]
-
-
-@pytest.fixture
-def paths(tmp_path):
-    return Paths(tmp_path)
-
-
 def mask_of(*signals):
     return sum(1 << (s - 1) for s in signals)
 
