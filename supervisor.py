@@ -87,8 +87,9 @@ _NOT_STOPPING = frozenset(
         "SIGILL", "SIGFPE", "SIGTRAP", "SIGABRT"))
 _VALID_SIGNALS = sorted(
     signal.valid_signals() if hasattr(signal, "valid_signals")
-    # glibc reserves 32 and 33 for its threads.
-    else set(range(1, signal.NSIG)) - {32, 33})
+    # The C library keeps the numbers below SIGRTMIN for its threads (32 and
+    # 33 in glibc, also 34 in musl).
+    else set(range(1, 32)) | set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1)))
 STOP_SIGNALS = tuple([signal.SIGTERM, signal.SIGINT, signal.SIGHUP] + [
     sig for sig in _VALID_SIGNALS
     if sig not in _NOT_STOPPING and sig not in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)])
@@ -425,6 +426,7 @@ class ProcessTree(object):
         self.foreign = set(foreign)  # what we inherited from the caller, and theirs
         self.frozen = set()         # identities we sent SIGSTOP
         self.pidfds = True          # until the kernel says otherwise
+        self.saved_fd_limit = None  # our RLIMIT_NOFILE, while raised
 
     def snapshot(self):
         snap = Snapshot(scan_proc())
@@ -435,15 +437,24 @@ class ProcessTree(object):
 
     def note_detached(self, snap):
         """At a forced stop: our children outside the group are kept running."""
-        kept = [p for p in snap.children(self.me)
-                if p.live and p.pgid != self.pgid and p.identity not in self.foreign]
+        kept = self.left_running(snap)
         self.preserved.update(p.identity for p in kept)
         return kept
 
     def left_running(self, snap):
-        """After a natural exit: our live children outside the group."""
+        """Our live children outside the group, but never the command itself,
+        which may have moved to another group."""
         return [p for p in snap.children(self.me)
-                if p.live and p.pgid != self.pgid and p.identity not in self.foreign]
+                if p.live and p.pgid != self.pgid and p.pid != self.pgid
+                and p.identity not in self.foreign]
+
+    def group_and_command(self, snap):
+        """Live members of the group, and the command if it left the group."""
+        members = [p for p in snap.group(self.pgid) if p.live]
+        command = snap.procs.get(self.pgid)
+        if command is not None and command.live and command.pgid != self.pgid:
+            members.append(command)
+        return members
 
     def targets(self, snap, forced):
         """Live processes the drain must end, parents before children.
@@ -465,10 +476,12 @@ class ProcessTree(object):
         self.signal_group(signal.SIGSTOP)
         outside = [p for p in targets if p.pgid != self.pgid and p.identity not in self.frozen]
         proven = self._prove(snap, outside)
-        for pin in proven:
-            self._send(pin, signal.SIGSTOP)
-            self.frozen.add(pin.proc.identity)
-            pin.close()
+        try:
+            for pin in proven:
+                self._send(pin, signal.SIGSTOP)
+                self.frozen.add(pin.proc.identity)
+        finally:
+            _close_pins(proven)
         return len(proven)
 
     def kill(self, snap, targets):
@@ -479,29 +492,43 @@ class ProcessTree(object):
         its parent dies: the next round kills it."""
         outside = [p for p in targets if p.pgid != self.pgid]
         proven = self._prove(snap, outside)
-        self.signal_group(signal.SIGKILL)
-        for pin in reversed(proven):
-            self._send(pin, signal.SIGKILL)
-        return proven + self.pins([p for p in targets if p.pgid == self.pgid])
+        try:
+            self.signal_group(signal.SIGKILL)
+            for pin in reversed(proven):
+                self._send(pin, signal.SIGKILL)
+            return proven + self.pins([p for p in targets if p.pgid == self.pgid])
+        except BaseException:
+            _close_pins(proven)
+            raise
 
     def signal_group(self, sig):
+        """Signal the group, and the command itself if it left the group (our
+        unreaped child: its pid is ours)."""
         _kill_group(self.pgid, sig)
+        command = read_proc(self.pgid)
+        if command is not None and command.live and command.pgid != self.pgid:
+            _kill_child(self.pgid, sig)
 
     def pins(self, procs):
         """Pins for waiting only. A pid reused in the instant between the scan
         and the pin would cost a longer wait, never a wrong signal."""
+        self._make_fd_room(len(procs))
         pins = []
-        for proc in procs:
-            try:
-                pins.append(_Pin(proc, self._pidfd(proc.pid)))
-            except ProcessLookupError:
-                pass  # already gone
+        try:
+            for proc in procs:
+                try:
+                    pins.append(_Pin(proc, self._pidfd(proc.pid)))
+                except ProcessLookupError:
+                    pass  # already gone
+        except BaseException:
+            _close_pins(pins)
+            raise
         return pins
 
     def reap_zombies(self, snap):
         """Reap adopted children that exited; the command waits for the end."""
         for proc in snap.children(self.me):
-            if proc.state == "Z" and proc.pid != self.pgid:
+            if not proc.live and proc.pid != self.pgid:
                 try:
                     os.waitpid(proc.pid, os.WNOHANG)
                 except ChildProcessError:
@@ -511,27 +538,34 @@ class ProcessTree(object):
         """Pins on the processes (parents first) that are provably ours now:
         our own unreaped children, and processes whose parent is proven or a
         current member of the group. The rest are skipped."""
+        self._make_fd_room(len(procs))
         trusted, proven = {self.me}, []
-        for proc in procs:
-            if proc.ppid == self.me:
-                pin = (self.pins([proc]) or [None])[0]
-            elif proc.ppid in trusted or self._still_member(snap, proc.ppid):
-                pin = self._pin_verified(snap, proc)
-            else:
-                continue
-            if pin is not None:
-                trusted.add(proc.pid)
-                proven.append(pin)
+        try:
+            for proc in procs:
+                if proc.ppid == self.me:
+                    pin = (self.pins([proc]) or [None])[0]
+                elif proc.ppid in trusted or self._still_member(snap, proc.ppid):
+                    pin = self._pin_verified(snap, proc)
+                else:
+                    continue
+                if pin is not None:
+                    trusted.add(proc.pid)
+                    proven.append(pin)
+        except BaseException:
+            _close_pins(proven)
+            raise
         return proven
 
     def _send(self, pin, sig):
-        if pin.proc.ppid == self.me:
-            _kill_child(pin.proc.pid, sig)  # our unreaped child: the pid is ours
+        """Through the pin's pidfd; by pid only for our own unreaped children,
+        the only pins that may lack a pidfd."""
+        if pin.fd is None:
+            _kill_child(pin.proc.pid, sig)
             return
         try:
             pidfd_send_signal(pin.fd, sig)
-        except ProcessLookupError:
-            pass  # it exited since the proof: nothing to signal
+        except (ProcessLookupError, PermissionError):
+            pass  # exited since the proof, or setuid: it stays a survivor
 
     def _still_member(self, snap, pid):
         """Is pid, now, the same process as in the snapshot and in our group?"""
@@ -557,28 +591,44 @@ class ProcessTree(object):
         return _Pin(proc, fd)
 
     def _pidfd(self, pid):
+        """A pidfd, or None: no pidfds here, or no fd left (then a waiting pin
+        polls /proc and a process to prove waits for the next round)."""
         if not self.pidfds:
             return None
         try:
             fd = pidfd_open(pid)
         except OSError as e:
-            if e.errno != errno.EMFILE or not _raise_fd_limit():
-                raise
-            fd = pidfd_open(pid)
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                return None
+            raise
         if fd is None:
             self.pidfds = False
         return fd
 
+    def _make_fd_room(self, wanted):
+        """Before pinning hundreds at once, lift our soft RLIMIT_NOFILE to the
+        hard one, while an fd is still free to load `resource`. The command
+        started with the caller's limit; release() puts ours back."""
+        if wanted < 200 or self.saved_fd_limit is not None:
+            return
+        import resource
+        self.saved_fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+        hard = self.saved_fd_limit[1]
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # a hard limit above what the kernel allows: keep ours
 
-def _raise_fd_limit():
-    """A drain of thousands pins thousands of pidfds: lift our soft limit to the
-    hard one (the command started long ago with the caller's limit)."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft >= hard:
-        return False
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return True
+    def release(self):
+        if self.saved_fd_limit is not None:
+            import resource
+            resource.setrlimit(resource.RLIMIT_NOFILE, self.saved_fd_limit)
+            self.saved_fd_limit = None
+
+
+def _close_pins(pins):
+    for pin in pins:
+        pin.close()
 
 
 # --- Signals, the stop file, and waiting ----------------------------------------------------
@@ -604,7 +654,11 @@ class _SignalCatcher(object):
         except ValueError:
             self._close_pipe()
             raise SupervisorError("supervise() must run in the main thread")
-        self._install()
+        try:
+            self._install()
+        except BaseException:
+            self.close()
+            raise
 
     def _install(self):
         for sig in STOP_SIGNALS + FORWARDED_SIGNALS + (signal.SIGTSTP,):
@@ -613,7 +667,10 @@ class _SignalCatcher(object):
             if sig != signal.SIGXFSZ and signal.getsignal(sig) == signal.SIG_IGN:
                 self.ignored_by_caller.add(sig)
                 continue
-            self.saved[sig] = signal.signal(sig, self._record)
+            try:
+                self.saved[sig] = signal.signal(sig, self._record)
+            except OSError:  # EINVAL: one the C library keeps for itself
+                pass
         # Always ours, whatever the caller left: SIGCHLD wakes us, SIGPIPE must
         # not kill us when stderr is a closed pipe.
         self.saved[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, self._record)
@@ -626,6 +683,13 @@ class _SignalCatcher(object):
 
     def handles(self, sig):
         return sig in self.saved
+
+    def always_handle(self, sig):
+        """Handle sig even if the caller ignored it; the command still gets it
+        ignored, as the caller meant."""
+        if sig not in self.saved:
+            self.saved[sig] = signal.signal(sig, self._record)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
 
     def take(self):
         """Signals received since the last call, oldest first."""
@@ -641,12 +705,13 @@ class _SignalCatcher(object):
         """In the forked child, before exec: the caller's dispositions and mask,
         but SIGCHLD, SIGPIPE and SIGXFSZ at their defaults."""
         for sig in set(self.saved) | set(DEFAULTED_FOR_COMMAND):
-            signal.signal(sig, signal.SIG_DFL)
+            ignored = sig in self.ignored_by_caller and sig not in DEFAULTED_FOR_COMMAND
+            signal.signal(sig, signal.SIG_IGN if ignored else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK,
                                set(self.caller_mask) - set(DEFAULTED_FOR_COMMAND))
 
     def close(self):
-        signal.set_wakeup_fd(self.saved_wakeup)
+        signal.set_wakeup_fd(getattr(self, "saved_wakeup", -1))
         for sig, handler in self.saved.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, self.caller_mask)
@@ -790,6 +855,9 @@ class _Run(object):
         self.catcher = None
         self.watch = None
         self.stopped_watch = None
+        self.exec_report = None     # read end of the pipe the child reports on
+        self.exec_report_data = b""
+        self.failed = False         # an internal error: cleanup unconfirmed
         self.terminal = None        # fd 0 when we hand the terminal to the command
         self.subreaper_before = None
         self.started_wall = time.time()
@@ -801,7 +869,8 @@ class _Run(object):
     def wait(self, until, fd=None):
         """Block until a signal, the stop file's watch, fd, or the time `until`."""
         watch_fd = self.watch.fileno() if self.watch else None
-        fds = [f for f in (self.catcher.read_end, watch_fd, fd) if f is not None]
+        fds = [f for f in (self.catcher.read_end, watch_fd, self.exec_report, fd)
+               if f is not None]
         if watch_fd in _wait_readable(fds, until - time.monotonic()):
             self.watch.drain_events()
 
@@ -812,7 +881,7 @@ class _Run(object):
         for sig in self.catcher.take():
             if sig in FORWARDED_SIGNALS:
                 if not self.reaped and self.pid is not None:
-                    _kill_group(self.pid, sig)
+                    self.tree.signal_group(sig)
             elif sig == signal.SIGTSTP:
                 if self.ended_running is None:
                     _suspend(self)
@@ -912,14 +981,28 @@ def _give_terminal(fd, pgid):
 
 
 def _take_back_terminal(run):
-    if run.terminal is None:
+    """Take the terminal back from the command's group, or from whatever group
+    of the run held it last and is now empty (a job the command gave it to),
+    never from a live group that is not the run's."""
+    if run.terminal is None or run.tree is None:
         return
     try:
-        ours = os.tcgetpgrp(run.terminal) == run.pid
+        foreground = os.tcgetpgrp(run.terminal)
     except OSError:
-        ours = False
-    if ours:
+        return
+    if foreground != os.getpgrp() and (foreground == run.tree.pgid
+                                       or not _group_exists(foreground)):
         _give_terminal(run.terminal, os.getpgrp())
+
+
+def _group_exists(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _suspend(run):
@@ -928,7 +1011,7 @@ def _suspend(run):
     terminal again if we were resumed in the foreground."""
     if run.pid is None or run.reaped:
         return
-    _kill_group(run.pid, signal.SIGSTOP)
+    run.tree.signal_group(signal.SIGSTOP)
     _take_back_terminal(run)
     if run.catcher.handles(signal.SIGTSTP):
         handler = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
@@ -938,7 +1021,7 @@ def _suspend(run):
         os.kill(os.getpid(), signal.SIGSTOP)
     if run.terminal is not None and _caller_terminal() is not None:
         _give_terminal(run.terminal, run.pid)
-    _kill_group(run.pid, signal.SIGCONT)
+    run.tree.signal_group(signal.SIGCONT)
 
 
 def _start_command(run):
@@ -955,20 +1038,22 @@ def _start_command(run):
         pid = os.fork()
         if pid == 0:
             _exec_command(run, write_end)  # never returns
+    except BaseException:
+        os.close(read_end)
+        raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, own_mask)
-    os.close(write_end)
+        os.close(write_end)
     try:
         os.setpgid(pid, pid)  # also in the parent, so the group exists either way
     except OSError:
         pass  # EACCES: the child has already done it and exec'd
-    if run.terminal is not None:
-        _give_terminal(run.terminal, pid)
-    report = _read_to_end(read_end)
     run.pid = pid
     run.tree = ProcessTree(pid, run.inherited)
-    if report:
-        _note_exec_failure(run, report)
+    os.set_blocking(read_end, False)
+    run.exec_report = read_end  # read by the wait loop, bounded by the deadline
+    if run.terminal is not None:
+        _give_terminal(run.terminal, pid)
 
 
 def _exec_command(run, report_fd):
@@ -983,22 +1068,28 @@ def _exec_command(run, report_fd):
         run.catcher.reset_for_command()
         step = "exec"
         os.execvp(run.command[0], run.command)
-    except OSError as e:
-        os.write(report_fd, ("%s %d" % (step, e.errno or 0)).encode())
+    except (OSError, ValueError, TypeError) as e:
+        code = getattr(e, "errno", None) or errno.EINVAL
+        os.write(report_fd, ("%s %d" % (step, code)).encode())
     finally:
         os._exit(EXIT_NOT_FOUND)
 
 
-def _read_to_end(fd):
-    chunks = []
+def _check_exec_report(run):
+    """Read what the child said about its exec: nothing (EOF: it exec'd, or
+    died before), or the step and errno that failed."""
     try:
         while True:
-            chunk = os.read(fd, 512)
+            chunk = os.read(run.exec_report, 512)
             if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
+                break
+            run.exec_report_data += chunk
+    except BlockingIOError:
+        return  # not yet: the child is still on its way to exec
+    os.close(run.exec_report)
+    run.exec_report = None
+    if run.exec_report_data:
+        _note_exec_failure(run, run.exec_report_data)
 
 
 def _note_exec_failure(run, report):
@@ -1045,10 +1136,14 @@ def _check_job_control(run):
 
 
 def _wait_for_end(run):
-    """Block until the command exits, the deadline passes, the stop file
-    appears or a stop signal arrives; the first of them decides."""
+    """Block until the command exits (or fails to start), the deadline passes,
+    the stop file appears or a stop signal arrives; the first of them decides."""
     while True:
         stop_signalled = run.handle_signals()
+        if run.exec_report is not None:
+            _check_exec_report(run)
+            if run.reaped:
+                return  # it never ran
         _reap_orphans(run)
         if run.command_exited():
             if run.stop_signal is not None:  # it came with the exit: hurry the drain
@@ -1118,8 +1213,7 @@ def _drain(run, forced, deadline, snap=None):
             else:  # nothing provable yet: wait for an adoption (SIGCHLD) or a moment
                 run.wait(min(deadline, time.monotonic() + EXIT_POLL_MAX))
         finally:
-            for pin in pins:
-                pin.close()
+            _close_pins(pins)
         snap = None
 
 
@@ -1128,18 +1222,19 @@ def _finish_natural(run):
     grace, SIGKILL). Children in other groups or sessions keep running."""
     _take_back_terminal(run)
     tree = run.tree
+    # Frozen, no member can fork while we look: one look is then the truth.
+    tree.signal_group(signal.SIGSTOP)
     snap = tree.snapshot()
     members = tree.targets(snap, forced=False)
     if members:
         grace_end = run.begin_step("terminating")
-        tree.signal_group(signal.SIGCONT)
         tree.signal_group(signal.SIGTERM)
+        tree.signal_group(signal.SIGCONT)
         pins = tree.pins(members)
         try:
             _await_exits(run, pins, grace_end, interruptible=True)
         finally:
-            for pin in pins:
-                pin.close()
+            _close_pins(pins)
         snap = None
     deadline = run.begin_step("draining")
     run.survivors, snap = _drain(run, False, deadline, snap)
@@ -1162,15 +1257,15 @@ def _stop_forced(run):
     run.preserved = tree.note_detached(snap)
     tree.signal_group(signal.SIGTERM)
     tree.signal_group(signal.SIGCONT)
-    pins = tree.pins([p for p in snap.group(tree.pgid) if p.live])
+    pins = tree.pins(tree.group_and_command(snap))
     try:
-        all_gone = _await_exits(run, pins, grace_end, interruptible=True)
+        _await_exits(run, pins, grace_end, interruptible=True)
     finally:
-        for pin in pins:
-            pin.close()
+        _close_pins(pins)
     kill_end = run.begin_step("killing")
-    if not all_gone:
-        tree.signal_group(signal.SIGKILL)
+    # Even when all seemed gone: a member forked during the grace may not
+    # fork again while the drain looks.
+    tree.signal_group(signal.SIGKILL)
     _await_command(run, kill_end)
     deadline = run.begin_step("draining")
     run.survivors, _ = _drain(run, True, deadline)
@@ -1197,6 +1292,11 @@ def _release(run):
     for watch in (run.watch, run.stopped_watch):
         if watch is not None:
             watch.close()
+    if run.exec_report is not None:
+        os.close(run.exec_report)
+        run.exec_report = None
+    if run.tree is not None:
+        run.tree.release()
     if run.catcher is not None:
         run.catcher.close()
     if run.subreaper_before is False:
@@ -1231,7 +1331,7 @@ def _exit_status(run, confirmed):
 
 
 def _build_receipt(run, ended_wall, ended):
-    confirmed = not run.survivors
+    confirmed = not run.survivors and not run.failed
     started_at = run.started_wall
     ladder = [{"step": name, "start_s": round(begin - run.started, 6),
                "duration_s": round(end - begin, 6)} for name, begin, end in run.ladder]
@@ -1240,8 +1340,8 @@ def _build_receipt(run, ended_wall, ended):
         "schema_version": RECEIPT_SCHEMA_VERSION,
         "supervisor_version": __version__,
         "python_version": "%d.%d.%d" % sys.version_info[:3],
-        "command": run.command,
-        "workdir": run.workdir,
+        "command": [_text(arg) for arg in run.command],
+        "workdir": _text(run.workdir),
         "pid": run.pid,
         "supervisor_pid": os.getpid(),
         "started_at": _iso_utc(started_at),
@@ -1259,8 +1359,16 @@ def _build_receipt(run, ended_wall, ended):
         "ladder": ladder,
         "preserved": [_describe(p, False) for p in run.preserved],
         "survivors": [_describe(p, True) for p in run.survivors],
-        "error": run.error,
+        "error": _text(run.error) if run.error is not None else None,
     }
+
+
+def _text(value):
+    """Valid Unicode for the receipt: bytes decoded, and the lone surrogates of
+    undecodable bytes (surrogateescape) replaced, as strict JSON readers want."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
 
 
 _JSON_ESCAPES = dict((i, "\\u%04x" % i) for i in range(0x20))
@@ -1347,18 +1455,21 @@ def _check_seconds(value, name):
 
 
 def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_path=None,
-              *, workdir=None):
+              *, workdir=None, stop_with_parent=None):
     """Run command under a deadline, drain what it leaves, return the receipt.
 
-    command is an argv list; timeout and cleanup_timeout are seconds; the run
-    is stopped when anything exists at stop_path; workdir is the command's
-    current directory. Must run in the main thread of a single-threaded
-    process on Linux. Raises SupervisorError (or
-    UsageError for bad arguments) before anything starts; a command that
-    cannot be executed is reported in the receipt (error, exit_status).
+    command is an argv list of str (or bytes); timeout and cleanup_timeout
+    are seconds; the run is stopped when anything exists at stop_path;
+    workdir is the command's current directory. stop_with_parent, the pid of
+    this process's parent, stops the run as SIGTERM would when that parent
+    dies (even if the caller ignored SIGTERM; the command still starts with it
+    ignored). Must run in the main thread of a single-threaded process on
+    Linux. Raises SupervisorError (UsageError for bad arguments) before
+    anything starts. Once the command started, a receipt always comes back: a
+    command that cannot be executed, or a failure of the supervisor itself,
+    is in its error and exit_status.
     """
-    if not command:
-        raise UsageError("no command given: put it after --")
+    command = _check_command(command)
     timeout = _check_seconds(timeout, "timeout")
     cleanup_timeout = _check_seconds(cleanup_timeout, "cleanup_timeout")
     workdir = os.path.abspath(workdir if workdir is not None else os.getcwd())
@@ -1366,6 +1477,8 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_pa
     run = _Run(command, timeout, cleanup_timeout, stop_path, workdir)
     try:
         _prepare(run)
+        if stop_with_parent is not None:
+            _stop_with_parent(run, stop_with_parent)
         run.inherited = _inherited_children()
         if stop_path is not None:
             run.watch = _StopFileWatch(stop_path)
@@ -1376,17 +1489,7 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_pa
         else:
             run.terminal = _caller_terminal()
             _start_command(run)
-            if not run.reaped:
-                _wait_for_end(run)
-                run.ended_running = time.monotonic()
-                if run.watch is not None:
-                    run.watch.stop()  # closed at the end: see stop()
-                    run.stopped_watch, run.watch = run.watch, None
-                if run.stop_reason is None:
-                    _finish_natural(run)
-                else:
-                    _stop_forced(run)
-                _reap_command(run)
+            _supervise_started(run)
     except BaseException:
         _abandon(run)
         raise
@@ -1396,11 +1499,54 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_pa
     return _build_receipt(run, ended_wall, ended)
 
 
+def _supervise_started(run):
+    """The command is started: wait, then drain; a failure of ours from here
+    on still ends in a receipt, one that does not confirm the cleanup."""
+    try:
+        _wait_for_end(run)
+        run.ended_running = time.monotonic()
+        if run.watch is not None:
+            run.watch.stop()  # closed at the end: see stop()
+            run.stopped_watch, run.watch = run.watch, None
+        if run.reaped:
+            return  # the exec failed: nothing ran
+        if run.stop_reason is None:
+            _finish_natural(run)
+        else:
+            _stop_forced(run)
+        _reap_command(run)
+    except Exception as e:
+        run.failed = True
+        run.error = "supervisor failed: %s: %s" % (type(e).__name__, e)
+        _abandon(run)
+
+
+def _check_command(command):
+    if isinstance(command, (str, bytes)) or not command:
+        raise UsageError("no command given: put it after -- (an argv list)")
+    command = list(command)
+    for arg in command:
+        if not isinstance(arg, (str, bytes)):
+            raise UsageError("command: arguments must be strings, not %r" % (arg,))
+        if ("\0" if isinstance(arg, str) else b"\0") in arg:
+            raise UsageError("command: %r holds a NUL byte" % (arg,))
+    return command
+
+
+def _stop_with_parent(run, parent):
+    """The parent's death arrives as SIGTERM (PR_SET_PDEATHSIG); a parent that
+    died before we asked shows as a new parent pid."""
+    run.catcher.always_handle(signal.SIGTERM)
+    _set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != parent:
+        run.catcher.pending.append(signal.SIGTERM)
+
+
 def _abandon(run):
     """The supervisor itself failed mid-run: kill the group rather than leave
     it running unsupervised (its leader is still held, so the id is ours)."""
-    if run.pid is not None and not run.reaped:
-        _kill_group(run.pid, signal.SIGKILL)
+    if run.pid is not None and not run.reaped and run.tree is not None:
+        run.tree.signal_group(signal.SIGKILL)
 
 
 # --- The command line ------------------------------------------------------------------------
@@ -1577,27 +1723,31 @@ def _print(text):
 def _relay_into_new_session():
     """--new-session: fork. The child leaves the caller's session and
     supervises; the parent stays in the caller's process group as a relay that
-    forwards signals and exits with the child's status. When the relay dies
-    (the caller killed its group), the child gets SIGTERM (PR_SET_PDEATHSIG)
-    and stops the run. Returns only in the child."""
+    forwards signals and exits with the child's status. When the relay is
+    killed (the caller killed its group), the child gets SIGTERM
+    (PR_SET_PDEATHSIG, set by supervise) and stops the run. Returns the
+    relay's pid, in the child only."""
     relay = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.setsid()
-        _set_parent_death_signal(signal.SIGTERM)
-        if os.getppid() != relay:  # killed before we asked: nothing started yet
-            os._exit(EXIT_FAILURE)
-        return
-    for sig in STOP_SIGNALS + FORWARDED_SIGNALS + (signal.SIGTSTP,):
+        return relay
+    for sig in STOP_SIGNALS + FORWARDED_SIGNALS:
         if signal.getsignal(sig) != signal.SIG_IGN:
-            # The relay's only work: one kill() to its unreaped child.
+            # The relay's only work: one kill() to its child, still unreaped.
             signal.signal(sig, lambda signum, frame: _kill_child(pid, signum))
+    # Ctrl-Z cannot suspend a run in another session (its group is orphaned,
+    # and the kernel drops SIGTSTP there): ignore it rather than stop alone.
+    signal.signal(signal.SIGTSTP, signal.SIG_IGN)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    # Reap with every signal blocked: no forwarder may run after the pid is free.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _VALID_SIGNALS)
     _, status = os.waitpid(pid, 0)
     if os.WIFEXITED(status):
-        os._exit(os.WEXITSTATUS(status))
+        _exit(os.WEXITSTATUS(status))
     _complain("the supervising process died of %s; no receipt: treat cleanup as "
               "unconfirmed" % signal_name(os.WTERMSIG(status)))
-    os._exit(EXIT_FAILURE)
+    _exit(EXIT_FAILURE)
 
 
 def main(argv=None):
@@ -1619,10 +1769,9 @@ def main(argv=None):
         receipt_path = None
         if options.receipt is not None:
             receipt_path = _check_receipt_path(options.receipt, workdir)
-        if options.new_session:
-            _relay_into_new_session()
+        relay = _relay_into_new_session() if options.new_session else None
         receipt = supervise(options.command, options.timeout, options.cleanup_timeout,
-                            options.stop_file, workdir=workdir)
+                            options.stop_file, workdir=workdir, stop_with_parent=relay)
     except SupervisorError as e:
         _complain(str(e))
         return EXIT_FAILURE

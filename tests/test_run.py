@@ -313,6 +313,58 @@ def test_forced_stop_drains_a_fork_storm(paths):
     assert receipt["cleanup_confirmed"] is True and receipt["preserved"] == []
 
 
+LEAVER = r"""
+import os, signal, sys, time
+child = os.fork()
+if child == 0:
+    os.setpgid(0, 0)
+    signal.pause()
+time.sleep(0.1)
+os.setpgid(0, child)  # the command moves itself into its child's group
+print("moved", flush=True)
+signal.pause()
+"""
+
+
+def test_a_command_that_leaves_its_group_is_still_stopped_and_never_kept(any_python, paths):
+    proc = start_supervisor(*paths.options(cleanup=0.5, stop=True) + ["--", PY, "-c", LEAVER],
+                            python=any_python)
+    read_lines_until(proc.stdout, "moved")
+    tree = [proc_stat(p) and p for p in descendants(proc.pid)]
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    assert status == 124, err
+    receipt = read_receipt(paths.receipt)
+    assert receipt["preserved"] == [] and receipt["cleanup_confirmed"] is True
+    assert receipt["return_code"] == -signal.SIGTERM
+    assert not any(alive(pid) for pid in tree if pid)
+
+
+def test_many_members_with_a_low_fd_limit_are_still_drained(paths):
+    """The drain pins each member with a pidfd: with a soft limit of 64 it must
+    make room, or fall back to polling /proc, not fail."""
+    import resource
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 128))
+
+    script = "for i in $(seq 200); do sleep 300 & done; exit 0"
+    result = run_supervisor(*paths.options(cleanup=5) + ["--", "sh", "-c", script],
+                            preexec_fn=low_limit)
+    assert result.returncode == 0, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["cleanup_confirmed"] is True and receipt["error"] is None
+
+
+def test_undecodable_arguments_are_replaced_in_the_receipt(paths):
+    arg = os.fsdecode(b"caf\xe9")
+    result = run_supervisor(*paths.options() + ["--", "true", arg])
+    assert result.returncode == 0, result.stderr
+    text = paths.receipt.read_text()
+    assert "\\udce9" not in text
+    assert read_receipt(paths.receipt)["command"] == ["true", "caf\ufffd"]
+
+
 def test_adopted_orphans_leave_no_zombies_during_a_run(paths):
     script = "for i in 1 2 3 4 5 6 7 8 9 10; do (sleep 0.05 &); done; echo spawned; exec sleep 30"
     proc = start_supervisor(*paths.options() + ["--", "sh", "-c", script])
@@ -447,6 +499,16 @@ def test_api_supervise_returns_the_receipt(any_python, tmp_path):
     assert first["exit_status"] == 7 and first["return_code"] == 7
     assert first["workdir"] == str(tmp_path)
     assert second["stop_reason"] == "timeout" and second["exit_status"] == 124
+
+
+def test_api_refuses_a_bad_argv_before_starting(any_python):
+    code = ("import supervisor as s\n"
+            "for argv in (['true', 'a\\0b'], ['true', 5], 'true', []):\n"
+            "    try:\n"
+            "        s.supervise(argv, 5)\n"
+            "    except s.UsageError as e:\n"
+            "        print('refused')\n")
+    assert run_python(code, any_python).split() == ["refused"] * 4
 
 
 def test_api_import_has_no_side_effects(any_python):

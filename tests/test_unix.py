@@ -231,6 +231,22 @@ def test_ctrl_c_on_the_terminal_ends_the_command(paths):
     assert not alive(int((paths.work / "member").read_text()))
 
 
+def test_the_terminal_comes_back_to_an_api_caller_after_a_failed_exec(tmp_path):
+    probe = ("import os, sys\n"
+             "sys.path.insert(0, %r)\n"
+             "import supervisor\n"
+             "r = supervisor.supervise(['/nonexistent-command'], 5)\n"
+             "print('exit', r['exit_status'], 'foreground', os.tcgetpgrp(0) == os.getpgrp())\n"
+             % os.path.dirname(SUPERVISOR))
+    proc, master = spawn_in_pty([PY, "-c", probe])
+    try:
+        assert proc.wait(timeout=20) == 0
+        out = read_pty_until(master, "foreground")
+    finally:
+        os.close(master)
+    assert "exit 127 foreground True" in out
+
+
 def test_ctrl_z_suspends_the_run_and_fg_resumes_it(paths):
     proc, master = spawn_in_pty(["env", "PS1=prompt$ ", "bash", "--norc", "--noprofile", "-i"])
     try:
@@ -339,6 +355,22 @@ def test_new_session_survives_a_kill_of_the_callers_group(any_python, paths):
     assert receipt["stop_reason"] == "signal" and receipt["signal"] == "SIGTERM"
     assert receipt["cleanup_confirmed"] is True
     assert wait_until(lambda: not any(alive(pid) for pid in nodes.values()))
+
+
+def test_new_session_stops_when_the_relay_dies_even_with_sigterm_ignored(any_python, paths):
+    script = "grep SigIgn /proc/$$/status; echo ready; exec sleep 30"
+    proc = start_supervisor("--new-session", *paths.options() + ["--", "sh", "-c", script],
+                            python=any_python, start_new_session=True,
+                            preexec_fn=caller(ignored=(signal.SIGTERM,)))
+    lines = read_lines_until(proc.stdout, "ready")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert wait_until(lambda: paths.receipt.exists(), timeout=20)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "signal" and receipt["signal"] == "SIGTERM"
+    assert receipt["cleanup_confirmed"] is True and receipt["duration_s"] < 20
+    ignored = sig_masks(lines[0])["SigIgn"]
+    assert ignored & mask_of(signal.SIGTERM)  # the command still had it ignored
 
 
 def test_new_session_relays_signals_and_the_exit_status(any_python, paths):
