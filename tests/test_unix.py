@@ -311,7 +311,7 @@ def test_nested_supervisors_an_outer_deadline_stops_the_inner_cleanly(any_python
                            "--workdir", paths.work, "--", *tree_cmd(
                                {"name": "cmd", "children": [{"name": "tool", "session": True}]}),
                            python=any_python)
-    proc = start_supervisor(*paths.options(timeout=1, cleanup=5) + ["--"] + inner,
+    proc = start_supervisor(*paths.options(timeout=2, cleanup=5) + ["--"] + inner,
                             python=any_python)
     lines = read_lines_until(proc.stdout, "READY")
     status, _, err = finish(proc)
@@ -330,7 +330,7 @@ def test_nested_supervisors_the_outer_drains_what_a_killed_inner_left(any_python
     inner = supervisor_cmd("--timeout", 60, "--cleanup-timeout", 30, "--receipt",
                            tmp_path / "inner.json", "--workdir", paths.work, "--",
                            *tree_cmd(spec), python=any_python)
-    proc = start_supervisor(*paths.options(timeout=1, cleanup=0.5) + ["--"] + inner,
+    proc = start_supervisor(*paths.options(timeout=2, cleanup=0.5) + ["--"] + inner,
                             python=any_python)
     lines = read_lines_until(proc.stdout, "READY")
     status, _, err = finish(proc)
@@ -403,7 +403,7 @@ def test_a_supervisor_killed_with_sigkill_leaves_no_receipt(any_python, paths):
 
 
 def test_children_inherited_from_before_exec_are_never_touched(any_python, paths):
-    inner = " ".join(supervisor_cmd(*paths.options(timeout=0.5) + [
+    inner = " ".join(supervisor_cmd(*paths.options(timeout=10) + [
         "--", "sh", "-c", "'sleep 0.2; exit 0'"], python=any_python))
     script = "sleep 300 >/dev/null 2>&1 & echo inherited=$!; sleep 0.05 & exec %s" % inner
     result = subprocess.run(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
