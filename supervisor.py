@@ -262,6 +262,15 @@ def _readable(fd):
     return bool(_wait_readable([fd], 0))
 
 
+def _discard_pending(fd):
+    """Read a non-blocking fd until it is empty (wake-up bytes, inotify events)."""
+    try:
+        while os.read(fd, 65536):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def signal_name(number):
     """SIGTERM, SIGRTMIN+3, ...: the name a signal number goes by."""
     if signal.SIGRTMIN < number < signal.SIGRTMAX:
@@ -693,11 +702,7 @@ class _SignalCatcher(object):
 
     def take(self):
         """Signals received since the last call, oldest first."""
-        try:
-            while os.read(self.read_end, 512):
-                pass
-        except BlockingIOError:
-            pass
+        _discard_pending(self.read_end)
         taken, self.pending = self.pending, []
         return taken
 
@@ -754,11 +759,7 @@ class _StopFileWatch(object):
         return self.fd
 
     def drain_events(self):
-        try:
-            while os.read(self.fd, 65536):
-                pass
-        except BlockingIOError:
-            pass
+        _discard_pending(self.fd)  # which event it was does not matter: look again
         self._rewatch()
 
     def _rewatch(self):
