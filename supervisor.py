@@ -461,9 +461,13 @@ class ProcessTree(object):
         """Live members of the group, and the command if it left the group."""
         members = [p for p in snap.group(self.pgid) if p.live]
         command = snap.procs.get(self.pgid)
-        if command is not None and command.live and command.pgid != self.pgid:
+        if self._left_group(command):
             members.append(command)
         return members
+
+    def _left_group(self, command):
+        """Is the command (as /proc showed it) alive, in another group?"""
+        return command is not None and command.live and command.pgid != self.pgid
 
     def targets(self, snap, forced):
         """Live processes the drain must end, parents before children.
@@ -514,8 +518,7 @@ class ProcessTree(object):
         """Signal the group, and the command itself if it left the group (our
         unreaped child: its pid is ours)."""
         _kill_group(self.pgid, sig)
-        command = read_proc(self.pgid)
-        if command is not None and command.live and command.pgid != self.pgid:
+        if self._left_group(read_proc(self.pgid)):
             _kill_child(self.pgid, sig)
 
     def pins(self, procs):
@@ -716,7 +719,7 @@ class _SignalCatcher(object):
                                set(self.caller_mask) - set(DEFAULTED_FOR_COMMAND))
 
     def close(self):
-        signal.set_wakeup_fd(getattr(self, "saved_wakeup", -1))
+        signal.set_wakeup_fd(self.saved_wakeup)
         for sig, handler in self.saved.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, self.caller_mask)
@@ -736,6 +739,7 @@ class _StopFileWatch(object):
         self.fd = None
         self.watched = None         # (directory, st_dev, st_ino)
         self.wd = None
+        self.retired = False        # waiting is over: no more events wanted
         self.interval = STOP_FILE_POLL_INTERVAL
         try:
             libc = _libc()
@@ -756,7 +760,7 @@ class _StopFileWatch(object):
         return now + self.interval
 
     def fileno(self):
-        return self.fd
+        return None if self.retired else self.fd
 
     def drain_events(self):
         _discard_pending(self.fd)  # which event it was does not matter: look again
@@ -800,6 +804,12 @@ class _StopFileWatch(object):
             except OSError:
                 pass  # EINVAL: the kernel dropped it already (directory deleted)
             self.wd, self.watched = None, None
+
+    def retire(self):
+        """Waiting is over: remove the watch now, close the fd at the end (see
+        stop()), and offer no fd to wait on meanwhile."""
+        self.stop()
+        self.retired = True
 
     def close(self):
         if self.fd is not None:
@@ -855,7 +865,6 @@ class _Run(object):
         self.inherited = set()
         self.catcher = None
         self.watch = None
-        self.stopped_watch = None
         self.exec_report = None     # read end of the pipe the child reports on
         self.exec_report_data = b""
         self.failed = False         # an internal error: cleanup unconfirmed
@@ -1290,9 +1299,8 @@ def _reap_command(run):
 def _release(run):
     """Give back what the run took: terminal, signals, subreaper bit, fds."""
     _take_back_terminal(run)
-    for watch in (run.watch, run.stopped_watch):
-        if watch is not None:
-            watch.close()
+    if run.watch is not None:
+        run.watch.close()
     if run.exec_report is not None:
         os.close(run.exec_report)
         run.exec_report = None
@@ -1507,8 +1515,7 @@ def _supervise_started(run):
         _wait_for_end(run)
         run.ended_running = time.monotonic()
         if run.watch is not None:
-            run.watch.stop()  # closed at the end: see stop()
-            run.stopped_watch, run.watch = run.watch, None
+            run.watch.retire()
         if run.reaped:
             return  # the exec failed: nothing ran
         if run.stop_reason is None:
