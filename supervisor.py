@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """supervisor.py: run a command tree under a deadline, drain what it leaves, prove it.
 
-    python3 supervisor.py --timeout SECONDS [OPTIONS] -- COMMAND [ARG...]
+    python3 supervisor.py --timeout DURATION [OPTIONS] -- COMMAND [ARG...]
 
-COMMAND runs in a process group of its own, under this process as a child
-subreaper. When it exits by itself, what is left of its group is drained. When
-the deadline passes, the stop file appears or a stop signal arrives, the group
-is stopped (SIGTERM, a grace, SIGKILL) and every child adopted after that
-decision is drained with it, in any group or session; detached services adopted
-before the decision keep running. The receipt, a JSON file, says what happened
-and whether /proc confirmed that nothing of the run is left alive.
+COMMAND runs in a process group of its own, below this process as a child
+subreaper, so that every process of the run descends from it. A run goes
+through the states
+
+    starting -> running -> terminating -> killing -> draining -> done
+
+(a natural exit skips killing). When COMMAND exits by itself, what is left of
+its group is drained. When the deadline passes, the stop file appears or a
+stop signal arrives, the group is stopped (SIGTERM, a grace, SIGKILL) and every
+process adopted after that decision is drained with it, in any group or
+session; detached services adopted before the decision keep running. The
+receipt, a JSON file, says what happened and whether /proc confirmed that
+nothing of the run is left alive.
 
 Exit status (the conventions of timeout(1)):
     N       COMMAND exited with N
@@ -35,21 +41,31 @@ try:
 except ImportError:  # every CPython 3.6 to 3.13 has it
     import signal
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 __all__ = [
-    "CLEANUP_PHASE_COUNT", "DEFAULT_CLEANUP_TIMEOUT", "CleanupReceipt",
-    "SupervisorError", "UsageError", "exec_timeout", "main", "parse_duration",
-    "supervise", "write_receipt",
+    "CLEANUP_PHASE_COUNT", "DEFAULT_CLEANUP_TIMEOUT", "EXEC_TIMEOUT_SLACK", "EXIT_CANNOT_EXECUTE",
+    "EXIT_FAILURE", "EXIT_NOT_FOUND", "EXIT_TIMED_OUT", "RECEIPT_SCHEMA_VERSION", "STATES",
+    "CleanupReceipt", "ObservationError", "SupervisorError", "UsageError", "exec_timeout",
+    "main", "parse_duration", "supervise", "write_receipt",
 ]
 
 # --- Constants -----------------------------------------------------------------
 
-# A forced stop has three bounded phases: the SIGTERM grace, the command's own
-# process after SIGKILL, and the group with the newly adopted children.
+# A forced stop has three bounded phases: the grace after the stop signal, the
+# command's own process after SIGKILL, and the drain of the whole run.
 CLEANUP_PHASE_COUNT = 3
 DEFAULT_CLEANUP_TIMEOUT = 10.0
-# What exec_timeout() adds for start-up, /proc scans and receipt I/O.
+# What exec_timeout() adds for start-up, the last pass and receipt I/O.
 EXEC_TIMEOUT_SLACK = 30.0
+# What a run may take beyond timeout + CLEANUP_PHASE_COUNT * cleanup_timeout:
+# the last SIGKILL pass and the confirming look, once the drain's budget is spent.
+_FINAL_PASS_LIMIT = 1.0
+# Once the command's zombie hides the others from waitid(), they are reaped
+# by the list of our children, a syscall each: at most this often.
+_REAP_LIST_INTERVAL = 0.01
+# A drain round waits this long at most for what it killed before it walks the
+# tree again, so a process stuck in D state cannot hide new adoptions.
+_DRAIN_ROUND_LIMIT = 0.05
 RECEIPT_SCHEMA_VERSION = 1
 
 EXIT_TIMED_OUT = 124
@@ -57,20 +73,31 @@ EXIT_FAILURE = 125
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 
+# The states of a run, in order; the last three are the timed cleanup steps.
+STATES = ("starting", "running", "terminating", "killing", "draining", "done")
+_CLEANUP_STEPS = ("terminating", "killing", "draining")
+# What a look at the run covers: the command's process group (and the command,
+# if it left it), or every process of the run that is not a kept service.
+_GROUP, _RUN = "group", "run"
+
 # inotify sees the stop file at once; this slow check covers what it cannot
 # (a mount over the directory after the watch was set).
-STOP_FILE_SAFETY_INTERVAL = 2.0
+_STOP_FILE_SAFETY_INTERVAL = 2.0
 # Where inotify cannot see (network and FUSE filesystems, no inotify at all).
-STOP_FILE_POLL_INTERVAL = 0.05
+_STOP_FILE_POLL_INTERVAL = 0.05
 # Waiting for a process the kernel cannot wake us for (no pidfd): 1 ms doubling.
-EXIT_POLL_FIRST, EXIT_POLL_MAX = 0.001, 0.1
-# poll() takes an int of milliseconds; longer waits loop. select() is limited
-# to fds below FD_SETSIZE; beyond a day we let poll() wait.
-MAX_POLL_MS = 2 ** 31 - 1
-SELECT_FD_LIMIT = 1024
-MAX_SELECT_SECONDS = 86400.0
+_EXIT_POLL_FIRST, _EXIT_POLL_MAX = 0.001, 0.1
+# select() keeps deadlines to the microsecond but only for fds below
+# FD_SETSIZE and waits of sane length; poll() takes the rest.
+_MAX_POLL_MS = 2 ** 31 - 1
+_SELECT_FD_LIMIT = 1024
+_MAX_SELECT_SECONDS = 86400.0
+# Holding more pidfds than this at once first lifts our soft fd limit and
+# counts what it leaves, less a reserve for reading /proc and our own pipes.
+_PIN_FD_HEADROOM = 64
+_FD_RESERVE = 16
 
-DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 # Signals that stop the run: SIGTERM, SIGINT and SIGHUP, then every other
 # catchable signal whose default action would end the supervisor (SIGQUIT,
@@ -90,10 +117,10 @@ _VALID_SIGNALS = sorted(
     # The C library keeps the numbers below SIGRTMIN for its threads (32 and
     # 33 in glibc, also 34 in musl).
     else set(range(1, 32)) | set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1)))
-STOP_SIGNALS = tuple([signal.SIGTERM, signal.SIGINT, signal.SIGHUP] + [
+_STOP_SIGNALS = tuple([signal.SIGTERM, signal.SIGINT, signal.SIGHUP] + [
     sig for sig in _VALID_SIGNALS
     if sig not in _NOT_STOPPING and sig not in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)])
-FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
+_FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
 # Names for receipts, as signal.Signals gives them: the Linux aliases SIGCLD,
 # SIGIOT and SIGPOLL give way to SIGCHLD, SIGABRT and SIGIO, and 16 is
 # SIGSTKFLT (unnamed before Python 3.11).
@@ -104,17 +131,17 @@ _SIGNAL_NAMES = dict(
 _SIGNAL_NAMES.setdefault(16, "SIGSTKFLT")
 # The command gets these at their defaults whatever the caller had: CPython
 # ignores SIGPIPE and SIGXFSZ at start, and an ignored SIGCHLD breaks waits.
-DEFAULTED_FOR_COMMAND = (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
+_DEFAULTED_FOR_COMMAND = (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-PR_GET_CHILD_SUBREAPER = 37
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 # The generic syscall table numbers them alike on every architecture but alpha.
-SYS_PIDFD_SEND_SIGNAL = 424
-SYS_PIDFD_OPEN = 434
+_SYS_PIDFD_SEND_SIGNAL = 424
+_SYS_PIDFD_OPEN = 434
 
 # Filesystems whose remote changes inotify never reports (statfs f_type).
-INOTIFY_BLIND_FILESYSTEMS = frozenset((
+_INOTIFY_BLIND_FILESYSTEMS = frozenset((
     0x6969,      # NFS
     0x517B,      # SMB
     0xFF534D42,  # CIFS
@@ -127,9 +154,9 @@ INOTIFY_BLIND_FILESYSTEMS = frozenset((
     0x01161970,  # GFS2
     0x7461636F,  # OCFS2
 ))
-IN_CREATE, IN_MOVED_TO = 0x100, 0x80
-IN_DELETE_SELF, IN_MOVE_SELF, IN_ONLYDIR = 0x400, 0x800, 0x01000000
-IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
+_IN_CREATE, _IN_MOVED_TO = 0x100, 0x80
+_IN_DELETE_SELF, _IN_MOVE_SELF, _IN_ONLYDIR = 0x400, 0x800, 0x01000000
+_IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 
 
 # --- Errors and the receipt type --------------------------------------------------
@@ -140,6 +167,11 @@ class SupervisorError(Exception):
 
 class UsageError(SupervisorError):
     """A bad option or path: nothing was started."""
+
+
+class ObservationError(SupervisorError):
+    """/proc could not be read (EMFILE, ENFILE, ENOMEM, EACCES...): a failed
+    look is never an empty one, so the cleanup cannot be confirmed."""
 
 
 def _define_receipt_type():
@@ -153,7 +185,8 @@ def _define_receipt_type():
         "supervisor_pid": int, "started_at": str, "ended_at": str,
         "duration_s": float, "timeout_s": float, "cleanup_timeout_s": float,
         "stop_reason": str, "signal": Optional[str], "exit_status": int,
-        "cleanup_s": float, "ladder": list, "preserved": list, "survivors": list,
+        "cleanup_s": float, "ladder": list, "containment": str,
+        "preserved": list, "survivors": list,
     }
     return TypedDict("CleanupReceipt", fields)
 
@@ -201,49 +234,59 @@ def _libc():
     return _LIBC[0]
 
 
-def set_subreaper(enabled):
+def _require_linux():
+    if not sys.platform.startswith("linux"):
+        raise SupervisorError("supervisor.py needs Linux (prctl, /proc); this is %s" % sys.platform)
+
+
+def _set_subreaper(enabled):
     """Set or clear PR_SET_CHILD_SUBREAPER; return the previous value, read back."""
     libc = _libc()
     previous = libc.ctypes.c_int(0)
-    libc.call("prctl", PR_GET_CHILD_SUBREAPER, libc.ctypes.byref(previous), 0, 0, 0)
-    libc.call("prctl", PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0)
+    libc.call("prctl", _PR_GET_CHILD_SUBREAPER, libc.ctypes.byref(previous), 0, 0, 0)
+    libc.call("prctl", _PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0)
     now = libc.ctypes.c_int(0)
-    libc.call("prctl", PR_GET_CHILD_SUBREAPER, libc.ctypes.byref(now), 0, 0, 0)
+    libc.call("prctl", _PR_GET_CHILD_SUBREAPER, libc.ctypes.byref(now), 0, 0, 0)
     if bool(now.value) != bool(enabled):
         raise OSError(errno.EINVAL, "prctl: the subreaper bit did not stick")
     return bool(previous.value)
 
 
 def _set_parent_death_signal(sig):
-    _libc().call("prctl", PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    _libc().call("prctl", _PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
-def pidfd_open(pid):
+def _pidfd_open(pid):
     """A pidfd pinning pid, or None where the kernel has none (before 5.3).
 
     Raises ProcessLookupError when pid no longer exists."""
-    if hasattr(os, "pidfd_open"):
-        try:
-            return _high_fd(os.pidfd_open(pid))
-        except OSError as e:
-            if e.errno in (errno.ENOSYS, errno.EPERM):  # old kernel, or seccomp
-                return None
-            raise
     try:
-        return _high_fd(_libc().call("syscall", SYS_PIDFD_OPEN, pid, 0))
+        if hasattr(os, "pidfd_open"):
+            return _high_fd(os.pidfd_open(pid))
+        return _high_fd(_libc().call("syscall", _SYS_PIDFD_OPEN, pid, 0))
     except OSError as e:
-        if e.errno in (errno.ENOSYS, errno.EPERM):
+        if e.errno in (errno.ENOSYS, errno.EPERM):  # old kernel, or seccomp
             return None
         if e.errno == errno.ESRCH:
             raise ProcessLookupError(e.errno, "pidfd_open: no such process")
         raise
 
 
-def pidfd_send_signal(fd, sig):
+def _pidfd_send_signal(fd, sig):
     if hasattr(signal, "pidfd_send_signal"):
         signal.pidfd_send_signal(fd, sig)
     else:
-        _libc().call("syscall", SYS_PIDFD_SEND_SIGNAL, fd, sig, None, 0)
+        _libc().call("syscall", _SYS_PIDFD_SEND_SIGNAL, fd, sig, None, 0)
+
+
+def _quietly_signal(pid, sig, group=False):
+    """kill or killpg, for a pid or group id we hold: an unreaped child of
+    ours, or the group its leader keeps reserved. Gone, or members we may not
+    signal (setuid), is not an error here: /proc decides what is left."""
+    try:
+        (os.killpg if group else os.kill)(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _high_fd(fd):
@@ -262,6 +305,19 @@ def _readable(fd):
     return bool(_wait_readable([fd], 0))
 
 
+def _wait_readable(fds, seconds):
+    """The fds that became readable within `seconds`. select() keeps the
+    deadline to the microsecond; poll() (whole milliseconds, rounded up, so
+    up to 1 ms late) serves fds above select's limit and waits beyond a day."""
+    seconds = max(seconds, 0.0)
+    if max(fds) < _SELECT_FD_LIMIT and seconds < _MAX_SELECT_SECONDS:
+        return select.select(fds, (), (), seconds)[0]
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(min(_MAX_POLL_MS, int(seconds * 1000) + 1))]
+
+
 def _discard_pending(fd):
     """Read a non-blocking fd until it is empty (wake-up bytes, inotify events)."""
     try:
@@ -271,7 +327,15 @@ def _discard_pending(fd):
         pass
 
 
-def signal_name(number):
+def _filesystem_type(path):
+    """statfs(2) f_type of the filesystem holding path."""
+    libc = _libc()
+    buf = libc.ctypes.create_string_buffer(256)  # struct statfs; f_type first
+    libc.call("statfs", os.fsencode(path), buf)
+    return int.from_bytes(buf.raw[:libc.ctypes.sizeof(libc.ctypes.c_long)], sys.byteorder)
+
+
+def _signal_name(number):
     """SIGTERM, SIGRTMIN+3, ...: the name a signal number goes by."""
     if signal.SIGRTMIN < number < signal.SIGRTMAX:
         return "SIGRTMIN+%d" % (number - signal.SIGRTMIN)
@@ -285,24 +349,14 @@ def _return_code(waitid_result):
     return -waitid_result.si_status
 
 
-def _kill_group(pgid, sig):
-    """killpg, for the group whose leader we hold unreaped (so the id is ours)."""
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # nobody left, or only members we may not signal
+def _now():
+    return time.monotonic()
 
 
-def _kill_child(pid, sig):
-    """kill, for our own child that we have not reaped (so the pid is ours)."""
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+# --- /proc ------------------------------------------------------------------------------
 
-
-class Proc(object):
-    """One line of /proc/PID/stat: the fields a drain needs."""
+class _Proc(object):
+    """A process as one read of /proc/PID/stat showed it."""
     __slots__ = ("pid", "state", "ppid", "pgid", "sid", "threads", "start")
 
     def __init__(self, pid, fields):
@@ -318,97 +372,134 @@ class Proc(object):
 
     @property
     def identity(self):
+        """pid and start time (clock ticks since boot): one process, never a reused pid."""
         return (self.pid, self.start)
 
 
-def read_proc(pid):
-    """The process as /proc shows it now, or None when it is gone."""
-    try:
-        fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, 1024)
-    except OSError:  # ESRCH: it went between open and read
-        return None
-    finally:
-        os.close(fd)
-    # The command name may hold spaces and parentheses: split after the last ')'.
-    end = data.rfind(b")")
-    return Proc(pid, data[end + 2:].split(None, 21)) if end > 0 else None
+class _ProcFS(object):
+    """/proc, opened once and read relative to that descriptor, so that a
+    mount over /proc during the run changes nothing. Only ENOENT and ESRCH
+    mean a process is gone; any other error raises ObservationError."""
 
+    def __init__(self):
+        try:
+            self.fd = _high_fd(os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        except OSError as e:
+            raise SupervisorError("/proc: %s; mount it (mount -t proc proc /proc)" % e.strerror)
+        try:
+            self._check_namespace()
+        except BaseException:
+            self.close()
+            raise
+        # CONFIG_PROC_CHILDREN: where the kernel lists each thread's children,
+        # a look walks the run's tree; elsewhere it reads every process.
+        me = os.getpid()
+        self.has_children_files = self.read("%d/task/%d/children" % (me, me)) is not None
 
-def scan_proc():
-    """Every process in this PID namespace: {pid: Proc}. Costs ~9 us a process."""
-    procs = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            proc = read_proc(int(name))
-            if proc is not None:
-                procs[proc.pid] = proc
-    return procs
+    def _check_namespace(self):
+        try:
+            proc_self = os.readlink("self", dir_fd=self.fd)
+        except OSError as e:
+            raise SupervisorError("/proc/self: %s; mount /proc (mount -t proc proc /proc)"
+                                  % e.strerror)
+        if proc_self != str(os.getpid()):
+            raise SupervisorError("/proc belongs to another PID namespace; mount this one's "
+                                  "(unshare --mount-proc, or mount -t proc proc /proc)")
 
+    def read(self, path):
+        """The bytes of /proc/path, or None when what it describes is gone."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError as e:
+            return self._gone_or_raise(e, path)
+        try:
+            # procfs answers a read with all it has that fits: a short read is
+            # the end, so a stat costs one read, not two.
+            chunks = [os.read(fd, 4096)]
+            while len(chunks[-1]) == 4096:
+                chunks.append(os.read(fd, 65536))
+            return b"".join(chunks)
+        except OSError as e:
+            return self._gone_or_raise(e, path)
+        finally:
+            os.close(fd)
 
-def read_cmdline(pid):
-    """argv of pid as a list of str; its name in brackets when it has no argv
-    (a zombie, a kernel thread), as ps shows it; [] when it is gone."""
-    argv = _read_small("/proc/%d/cmdline" % pid)
-    if argv:
-        return [arg.decode("utf-8", "replace") for arg in argv.rstrip(b"\0").split(b"\0")]
-    name = _read_small("/proc/%d/comm" % pid).strip()
-    return ["[%s]" % name.decode("utf-8", "replace")] if name else []
+    @staticmethod
+    def _gone_or_raise(e, path):
+        if e.errno in (errno.ENOENT, errno.ESRCH):
+            return None
+        raise ObservationError("cannot read /proc/%s: %s" % (path, e.strerror or e))
 
+    def stat(self, pid):
+        """The process as /proc shows it now, or None when it is gone."""
+        data = self.read("%d/stat" % pid)
+        if data is None:
+            return None
+        # The command name may hold spaces and parentheses: split after the last ')'.
+        end = data.rfind(b")")
+        if end < 0:
+            raise ObservationError("cannot parse /proc/%d/stat" % pid)
+        return _Proc(pid, data[end + 2:].split(None, 21))
 
-def _read_small(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read(65536)
-    except OSError:
-        return b""
+    def children(self, pid, threads=1):
+        """Pids of pid's children, from the lists of all its threads."""
+        tids = [pid] if threads == 1 else self.threads_of(pid)
+        found = []
+        for tid in tids:
+            data = self.read("%d/task/%d/children" % (pid, tid))
+            if data:
+                found.extend(int(word) for word in data.split())
+        return found
 
+    def threads_of(self, pid):
+        path = "%d/task" % pid
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError as e:
+            return self._gone_or_raise(e, path) or []
+        try:
+            return [int(tid) for tid in os.listdir(fd)]
+        except OSError as e:
+            return self._gone_or_raise(e, path) or []
+        finally:
+            os.close(fd)
 
-class Snapshot(object):
-    """One scan of /proc, with the parent -> children index built on demand."""
+    def scan(self):
+        """Every process in this PID namespace: {pid: _Proc}. Costs ~9 us a process."""
+        try:
+            names = os.listdir(self.fd)
+        except OSError as e:
+            raise ObservationError("cannot list /proc: %s" % e.strerror)
+        procs = {}
+        for name in names:
+            if name.isdigit():
+                proc = self.stat(int(name))
+                if proc is not None:
+                    procs[proc.pid] = proc
+        return procs
 
-    def __init__(self, procs):
-        self.procs = procs
-        self._children = None
+    def open_fd_count(self):
+        try:
+            fd = os.open("self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
+            try:
+                return len(os.listdir(fd))
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise ObservationError("cannot list /proc/self/fd: %s" % e.strerror)
 
-    def children(self, pid):
-        if self._children is None:
-            self._children = {}
-            for proc in self.procs.values():
-                self._children.setdefault(proc.ppid, []).append(proc)
-        return self._children.get(pid, ())
-
-    def subtree(self, roots):
-        """roots and all their descendants, parents before children."""
-        order, seen = list(roots), set(p.pid for p in roots)
-        for proc in order:
-            for child in self.children(proc.pid):
-                if child.pid not in seen:
-                    seen.add(child.pid)
-                    order.append(child)
-        return order
-
-    def group(self, pgid):
-        return [p for p in self.procs.values() if p.pgid == pgid]
-
-
-# --- Containment: the run's processes as /proc shows them ------------------------------
-
-class _Pin(object):
-    """A process we wait for: its pidfd where there is one, else (pid, start)."""
-    __slots__ = ("proc", "fd")
-
-    def __init__(self, proc, fd):
-        self.proc, self.fd = proc, fd
-
-    def exited(self):
-        if self.fd is not None:
-            return _readable(self.fd)
-        now = read_proc(self.proc.pid)
-        return now is None or now.start != self.proc.start or not now.live
+    def cmdline(self, pid):
+        """argv of pid as a list of str; its name in brackets when it has no
+        argv (a zombie), as ps shows it; [] when it is gone or unreadable:
+        a name is for people, never evidence."""
+        try:
+            argv = self.read("%d/cmdline" % pid)
+            if argv:
+                return [arg.decode("utf-8", "replace") for arg in argv.rstrip(b"\0").split(b"\0")]
+            name = (self.read("%d/comm" % pid) or b"").strip()
+        except ObservationError:
+            return []
+        return ["[%s]" % name.decode("utf-8", "replace")] if name else []
 
     def close(self):
         if self.fd is not None:
@@ -416,212 +507,420 @@ class _Pin(object):
             self.fd = None
 
 
-class ProcessTree(object):
-    """Find, freeze and kill the run's processes through /proc and signals.
+# --- Containment: the run's processes ----------------------------------------------------
 
-    Only what is provably ours is signalled: the command's process group while
-    its leader is held unreaped, our own unreaped children, and other
-    descendants pinned by a pidfd after /proc showed, around the pin, that
-    their parent is still one of ours. Membership is observed in /proc, never
-    inferred from a signal sent. A cgroup v2 containment would offer the same
-    methods (snapshot, targets, freeze, kill, pins) over cgroup.procs,
-    cgroup.freeze, cgroup.kill and cgroup.events.
+class _Pin(object):
+    """A process held for signalling or waiting: by its pidfd where the kernel
+    has them. The only pins without one that may be signalled are our own
+    unreaped children, whose pid stays theirs until we reap them."""
+    __slots__ = ("proc", "fd")
+
+    def __init__(self, proc, fd):
+        self.proc, self.fd = proc, fd
+
+    def exited(self, fs):
+        if self.fd is not None:
+            return _readable(self.fd)
+        now = fs.stat(self.proc.pid)
+        return now is None or now.start != self.proc.start or not now.live
+
+    def send(self, sig):
+        if self.fd is None:
+            _quietly_signal(self.proc.pid, sig)
+            return
+        try:
+            _pidfd_send_signal(self.fd, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # exited since the proof, or setuid: /proc decides what is left
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _close_pins(pins):
+    for pin in pins:
+        pin.close()
+
+
+class _Walk(object):
+    """The result of one look at the run: the live processes in scope
+    (parents first), pins on them when asked for, every process it saw
+    outside kept subtrees, and whether nothing it read changed under it."""
+    __slots__ = ("found", "pins", "seen", "stable", "wait_budget")
+
+    def __init__(self):
+        self.found, self.pins, self.seen, self.stable = [], [], set(), True
+        self.wait_budget = _PIN_FD_HEADROOM
+
+
+class _ProcTree(object):
+    """The run's processes, found in /proc from this process down.
+
+    This is the containment seam: what a stop needs from whatever holds the
+    run. A cgroup v2 containment would offer the same methods (README,
+    Development):
+
+        join_in_child()     in the forked child, before exec
+        started(pid)        the command's pid, which is also its group id
+        detached()          our live children outside the group: services
+        keep(procs)         these are services: out of every scope from now on
+        members(scope)      the live processes in scope, parents first
+        signal(scope, sig)  every process in scope that is provably ours
+        kill(scope)         freeze and SIGKILL the scope; pins to wait on
+        confirm(scope, t)   the observation behind cleanup_confirmed
+        pins(procs)         pidfds to wait on, which wake the loop at exit
+        own_children()      for the reaper, which lives outside
+        close()
+
+    Why a look finds every process of the run: each one descends from this
+    process, a child subreaper (an orphan is re-parented to its nearest
+    subreaper ancestor, which is us or a subreaper below us). A thread's
+    /proc/PID/task/TID/children lists its children exactly, unless a child
+    is removed from that list (reaped) while the list is read. A walk reads
+    our own list (we reap nothing while we walk) and the list of each process
+    it visits; a process can only leave a list unread by re-parenting, when
+    its parent dies. The walk checks that each process whose list it read was
+    still alive after the read, and confirmation takes two walks in a row
+    that saw the same processes: a process that died before the walk looked
+    at it handed its children to a list read earlier, and the second walk
+    finds them there. When cleanup is confirmed the run's processes are
+    frozen or dead, so their lists do not change; the lists of kept
+    services, which run on, are read for group members below them only.
+    Where the kernel has no children files (CONFIG_PROC_CHILDREN unset), one
+    scan of every process gives the same tree, and a process whose parent
+    vanished from the scan makes the scan unstable.
+
+    Only what is provably ours is signalled: the command's process group
+    while its leader is held unreaped, our own unreaped children, and
+    processes pinned by a pidfd after /proc showed that their parent, alive
+    and proven, is their parent still.
     """
 
-    def __init__(self, pgid, foreign):
+    def __init__(self, fs, kind):
+        self.fs = fs
+        self.kind = kind            # "children" or "scan": the receipt's containment
         self.me = os.getpid()
-        self.pgid = pgid            # the command's group: its pid
-        self.preserved = set()      # identities of detached services kept
-        self.foreign = set(foreign)  # what we inherited from the caller, and theirs
-        self.frozen = set()         # identities we sent SIGSTOP
+        self.pid = self.pgid = None
+        self.kept = set()           # identities of the services kept running
+        self.inherited = set()      # identities of the caller's processes
         self.pidfds = True          # until the kernel says otherwise
         self.saved_fd_limit = None  # our RLIMIT_NOFILE, while raised
 
-    def snapshot(self):
-        snap = Snapshot(scan_proc())
-        if self.foreign:
-            roots = [p for p in snap.procs.values() if p.identity in self.foreign]
-            self.foreign.update(p.identity for p in snap.subtree(roots))
-        return snap
+    # The seam.
 
-    def note_detached(self, snap):
-        """At a forced stop: our children outside the group are kept running."""
-        kept = self.left_running(snap)
-        self.preserved.update(p.identity for p in kept)
-        return kept
+    def join_in_child(self):
+        """The process group made in the child is all the /proc walk needs."""
 
-    def left_running(self, snap):
-        """Our live children outside the group, but never the command itself,
-        which may have moved to another group."""
-        return [p for p in snap.children(self.me)
-                if p.live and p.pgid != self.pgid and p.pid != self.pgid
-                and p.identity not in self.foreign]
+    def started(self, pid):
+        self.pid = self.pgid = pid
 
-    def group_and_command(self, snap):
-        """Live members of the group, and the command if it left the group."""
-        members = [p for p in snap.group(self.pgid) if p.live]
-        command = snap.procs.get(self.pgid)
-        if self._left_group(command):
-            members.append(command)
-        return members
-
-    def _left_group(self, command):
-        """Is the command (as /proc showed it) alive, in another group?"""
-        return command is not None and command.live and command.pgid != self.pgid
-
-    def targets(self, snap, forced):
-        """Live processes the drain must end, parents before children.
-
-        Natural exit: the group. Forced stop: the group, and every child we
-        adopted that is not a preserved service, with its descendants."""
-        members = [p for p in snap.group(self.pgid) if p.live]
-        if not forced:
-            return members
-        roots = [p for p in snap.children(self.me)
-                 if p.identity not in self.preserved and p.identity not in self.foreign]
-        tree = [p for p in snap.subtree(roots) if p.live and p.identity not in self.foreign]
-        seen = set(p.pid for p in tree)
-        return tree + [p for p in members if p.pid not in seen]
-
-    def freeze(self, snap, targets):
-        """SIGSTOP the group and each target outside it that is provably ours,
-        parents first, so none forks again. Returns how many were new."""
-        self.signal_group(signal.SIGSTOP)
-        outside = [p for p in targets if p.pgid != self.pgid and p.identity not in self.frozen]
-        proven = self._prove(snap, outside)
+    def note_inherited(self):
+        """Children we had before the command (a shell's jobs, before its exec)
+        and their descendants are the caller's: never signalled, never kept.
+        waitid() first, so that the usual case costs no look at all."""
         try:
-            for pin in proven:
-                self._send(pin, signal.SIGSTOP)
-                self.frozen.add(pin.proc.identity)
-        finally:
-            _close_pins(proven)
-        return len(proven)
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WSTOPPED | os.WCONTINUED
+                      | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        walk = self._walk(_RUN, everything=True)
+        self.inherited = set(p.identity for p in walk.found)
 
-    def kill(self, snap, targets):
-        """SIGKILL the group and each target outside it that is provably ours;
-        return pins to wait on for what was signalled. Children die before
-        their parents, so no parent's death re-parents a child between its
-        proof and its signal. What cannot be proven is adopted, and ours, once
-        its parent dies: the next round kills it."""
-        outside = [p for p in targets if p.pgid != self.pgid]
-        proven = self._prove(snap, outside)
-        try:
-            self.signal_group(signal.SIGKILL)
-            for pin in reversed(proven):
-                self._send(pin, signal.SIGKILL)
-            return proven + self.pins([p for p in targets if p.pgid == self.pgid])
-        except BaseException:
-            _close_pins(proven)
-            raise
+    def detached(self, until=None):
+        """Our live children outside the command's group, but never the
+        command itself (it may have moved to another group)."""
+        found = []
+        for pid in self.own_children():
+            if until is not None and _now() >= until:
+                break
+            proc = self.fs.stat(pid)
+            if (proc is not None and proc.live and proc.pgid != self.pgid
+                    and pid != self.pid and proc.identity not in self.inherited):
+                found.append(proc)
+        return found
 
-    def signal_group(self, sig):
-        """Signal the group, and the command itself if it left the group (our
-        unreaped child: its pid is ours)."""
-        _kill_group(self.pgid, sig)
-        if self._left_group(read_proc(self.pgid)):
-            _kill_child(self.pgid, sig)
+    def keep(self, procs):
+        self.kept.update(p.identity for p in procs)
+
+    def members(self, scope, until=None):
+        return self._walk(scope, until=until).found
+
+    def signal(self, scope, sig):
+        """Signal the group (and the command if it left the group), and in the
+        run's scope every other process that is provably ours."""
+        _signal_group(self.fs, self.pid, self.pgid, sig)
+        if scope == _RUN:
+            _close_pins(self._walk(_RUN, sig=sig).pins)
+
+    def kill(self, scope, until):
+        """SIGKILL the scope. The walk freezes each process as it finds it
+        (SIGSTOP: none forks while the walk reads on) and kills it once its
+        children are done, children before parents, so that only the path
+        being walked is pinned. Returns the walk; its pins are for waiting,
+        and the caller closes them."""
+        _signal_group(self.fs, self.pid, self.pgid, signal.SIGSTOP)
+        if scope == _RUN:
+            self._stop_own_children(until)
+        walk = self._walk(scope, sig=signal.SIGSTOP, kill=True, until=until)
+        _signal_group(self.fs, self.pid, self.pgid, signal.SIGKILL)
+        return walk
+
+    def _stop_own_children(self, until):
+        """Reap our zombies and SIGSTOP every other child of ours that is not a
+        kept service or the caller's, before the walk looks at anything:
+        orphans that keep forking are adopted by us, and each of their
+        sessions gets as much CPU as we do (autogroups), so they must stop at
+        a syscall each, before any slower look. By pid: an unreaped child's
+        pid is its own, and a kept service is recognised by its pid (should
+        that pid be reused, the process is only left to the walk)."""
+        spared = set(pid for pid, _ in self.kept | self.inherited)
+        spared.add(self.pid)
+        seen = set()
+        while _now() < until:
+            fresh = [pid for pid in self.own_children() if pid not in seen and pid not in spared]
+            if not fresh:
+                return
+            for pid in fresh:
+                seen.add(pid)
+                try:
+                    reaped, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    continue
+                if not reaped:
+                    _quietly_signal(pid, signal.SIGSTOP)
+
+    def confirm(self, scope, until, previous=None):
+        """The observation behind cleanup_confirmed: ([], True) once two looks
+        in a row found nothing alive in scope, each undisturbed, and saw the
+        same processes (a process that died during the first look handed its
+        children to a list read before: the second sees them). Else the live
+        processes found, and False when time ran out first."""
+        while True:
+            walk = self._walk(scope, until=until)
+            if walk.found:
+                return walk.found, walk.stable
+            if walk.stable and previous is not None and walk.seen == previous.seen:
+                return [], True
+            if _now() >= until:
+                return [], False
+            previous = walk if walk.stable else None
+
+    def alive(self, proc):
+        now = self.fs.stat(proc.pid)
+        return now is not None and now.live and now.start == proc.start
 
     def pins(self, procs):
-        """Pins for waiting only. A pid reused in the instant between the scan
-        and the pin would cost a longer wait, never a wrong signal."""
-        self._make_fd_room(len(procs))
+        """Pins for waiting only, never signalled: a pid reused between the
+        look and the pin costs a longer wait, never a wrong signal. Beyond
+        what the fd limit allows, a pin polls /proc instead."""
+        budget = self._pin_budget(len(procs))
         pins = []
         try:
             for proc in procs:
-                try:
-                    pins.append(_Pin(proc, self._pidfd(proc.pid)))
-                except ProcessLookupError:
-                    pass  # already gone
+                fd = self._pidfd(proc.pid) if len(pins) < budget else None
+                if fd is not False:
+                    pins.append(_Pin(proc, fd))
         except BaseException:
             _close_pins(pins)
             raise
         return pins
 
-    def reap_zombies(self, snap):
-        """Reap adopted children that exited; the command waits for the end."""
-        for proc in snap.children(self.me):
-            if not proc.live and proc.pid != self.pgid:
-                try:
-                    os.waitpid(proc.pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
+    def own_children(self):
+        if self.kind == "scan":
+            return [p.pid for p in self.fs.scan().values() if p.ppid == self.me]
+        found = []
+        for tid in self.fs.threads_of(self.me):
+            data = self.fs.read("%d/task/%d/children" % (self.me, tid))
+            if data is None:
+                raise ObservationError("cannot read our own children in /proc")
+            found.extend(int(word) for word in data.split())
+        return found
 
-    def _prove(self, snap, procs):
-        """Pins on the processes (parents first) that are provably ours now:
-        our own unreaped children, and processes whose parent is proven or a
-        current member of the group. The rest are skipped."""
-        self._make_fd_room(len(procs))
-        trusted, proven = {self.me}, []
+    def close(self):
+        if self.saved_fd_limit is not None:
+            import resource
+            resource.setrlimit(resource.RLIMIT_NOFILE, self.saved_fd_limit)
+            self.saved_fd_limit = None
+
+    # The walk.
+
+    def _in_group(self, proc):
+        return proc.pgid == self.pgid or proc.pid == self.pid
+
+    def _walk(self, scope, sig=None, kill=False, until=None, everything=False):
+        """One look from this process down (see the class docstring): the live
+        processes in scope, parents first. With sig, each of them is proven
+        and pinned, and those outside the group are sent sig as they are
+        found; with kill, SIGKILL too once their children are done.
+        `everything` ignores scopes and what is inherited: the look at
+        start-up."""
+        walk = _Walk()
+        index = self._scan_index(walk) if self.kind == "scan" else None
+        # Items are (parent node, pid) to visit, or (node, None) to leave.
+        stack = [(None, pid) for pid in reversed(self._children_of(None, index))]
         try:
-            for proc in procs:
-                if proc.ppid == self.me:
-                    pin = (self.pins([proc]) or [None])[0]
-                elif proc.ppid in trusted or self._still_member(snap, proc.ppid):
-                    pin = self._pin_verified(snap, proc)
+            while stack:
+                parent, pid = stack.pop()
+                if pid is None:
+                    self._leave(parent, kill, walk)
+                elif until is not None and _now() >= until:
+                    walk.stable = False  # out of time: the look is partial
                 else:
-                    continue
-                if pin is not None:
-                    trusted.add(proc.pid)
-                    proven.append(pin)
-        except BaseException:
-            _close_pins(proven)
-            raise
-        return proven
+                    node = self._visit(parent, pid, scope, sig, walk, index, everything)
+                    if node is not None:
+                        children = self._children_of(node, index)
+                        if not self._still_there(node):
+                            walk.stable = False  # it died: its children moved to a list read before
+                        stack.append((node, None))
+                        stack.extend((node, child) for child in reversed(children))
+        finally:
+            for node, pid in stack:
+                if pid is None:
+                    _closed(node[1])
+            if not kill:  # only a kill walk hands its pins on, for waiting
+                _close_pins(walk.pins)
+                walk.pins = []
+        return walk
 
-    def _send(self, pin, sig):
-        """Through the pin's pidfd; by pid only for our own unreaped children,
-        the only pins that may lack a pidfd."""
-        if pin.fd is None:
-            _kill_child(pin.proc.pid, sig)
+    def _leave(self, node, kill, walk):
+        """Its children are done: kill it (with kill), and keep its pin for
+        waiting while the fd limit allows."""
+        proc, pin, _ = node
+        if pin is None:
             return
-        try:
-            pidfd_send_signal(pin.fd, sig)
-        except (ProcessLookupError, PermissionError):
-            pass  # exited since the proof, or setuid: it stays a survivor
+        if kill and not self._in_group(proc):
+            pin.send(signal.SIGKILL)
+        if len(walk.pins) == _PIN_FD_HEADROOM:
+            walk.wait_budget = self._pin_budget(len(walk.pins) + 1)
+        if len(walk.pins) < walk.wait_budget:
+            walk.pins.append(pin)
+        else:
+            pin.close()
 
-    def _still_member(self, snap, pid):
-        """Is pid, now, the same process as in the snapshot and in our group?"""
-        then, now = snap.procs.get(pid), read_proc(pid)
-        return (then is not None and now is not None and now.start == then.start
-                and now.pgid == self.pgid)
+    def _visit(self, parent, pid, scope, sig, walk, index, everything):
+        """Look at one process. None when it is gone, moved, inherited or one of
+        our zombies (reaped here, never carried); else (proc, pin, kept) to
+        descend into, pin proving it ours for its children's sake."""
+        parent_proc, _, parent_kept = parent or (None, None, False)
+        # Below a kept service only group members are in scope, and killpg
+        # reaches those: nothing there needs a proof.
+        pin = self._prove(parent, pid) if sig is not None and not parent_kept else None
+        proc = pin.proc if pin is not None else self._look(pid, index)
+        if proc is None or proc.ppid != (parent_proc.pid if parent_proc else self.me):
+            if proc is not None:
+                walk.stable = False  # re-parented while we looked: seen next look
+            return _closed(pin)
+        if parent is None and not everything:
+            if proc.identity in self.inherited:
+                return _closed(pin)
+            if not proc.live and pid != self.pid:
+                _reap_pid(pid)  # gone for good: the next look will not see it either
+                return _closed(pin)
+        if not parent_kept:
+            walk.seen.add(proc.identity)
+        kept = parent_kept or proc.identity in self.kept
+        if proc.live and (everything or self._in_group(proc) or (scope == _RUN and not kept)):
+            walk.found.append(proc)
+            if pin is not None and not self._in_group(proc):
+                pin.send(sig)
+            return (proc, pin, kept)
+        return (proc, _closed(pin), kept)
 
-    def _pin_verified(self, snap, proc):
-        """A pidfd on proc, kept only if /proc shows, after it was taken, the
-        same process under the same parent, and the pidfd then shows it alive:
-        so the pin holds the process the snapshot saw, and that one is ours."""
-        try:
-            fd = self._pidfd(proc.pid)
-        except ProcessLookupError:
+    def _look(self, pid, index):
+        return index[1].get(pid) if index is not None else self.fs.stat(pid)
+
+    def _prove(self, parent, pid):
+        """A pin on pid if it is provably ours, else None. Our own child is
+        ours: unreaped, its pid stays its own. Any other process is ours when
+        /proc shows, after its pidfd was taken, that its parent is a process
+        we proved: if the pidfd still shows it alive, the stat read was its
+        own; if the parent's pin (or the parent being our unreaped child)
+        still holds the parent, the ppid read was that parent's."""
+        parent_proc, parent_pin, _ = parent or (None, None, False)
+        parent_is_ours = parent_proc is None or parent_proc.ppid == self.me
+        parent_fd = parent_pin.fd if parent_pin is not None else None
+        if not parent_is_ours and parent_fd is None:
+            return None  # an unproven parent: its children wait to be adopted
+        fd = self._pidfd(pid)
+        if fd is False or (fd is None and parent_proc is not None):
             return None
-        if fd is None:
-            return None
-        now = read_proc(proc.pid)
-        if (now is None or now.start != proc.start or now.ppid != proc.ppid
-                or _readable(fd)):
-            os.close(fd)
+        proc = self.fs.stat(pid)
+        if parent_proc is not None and (
+                proc is None or proc.ppid != parent_proc.pid or _readable(fd)
+                or (not parent_is_ours and _readable(parent_fd))):
+            proc = None
+        if proc is None:
+            if fd is not None:
+                os.close(fd)
             return None
         return _Pin(proc, fd)
 
     def _pidfd(self, pid):
-        """A pidfd, or None: no pidfds here, or no fd left (then a waiting pin
-        polls /proc and a process to prove waits for the next round)."""
+        """A pidfd on pid; None where there are none or no fd is left (then
+        waiting polls /proc, and proving waits for a later look); False when
+        the process is gone."""
         if not self.pidfds:
             return None
         try:
-            fd = pidfd_open(pid)
+            fd = _pidfd_open(pid)
+        except ProcessLookupError:
+            return False
         except OSError as e:
             if e.errno in (errno.EMFILE, errno.ENFILE):
+                self._make_fd_room()
                 return None
             raise
         if fd is None:
             self.pidfds = False
         return fd
 
-    def _make_fd_room(self, wanted):
-        """Before pinning hundreds at once, lift our soft RLIMIT_NOFILE to the
-        hard one, while an fd is still free to load `resource`. The command
-        started with the caller's limit; release() puts ours back."""
-        if wanted < 200 or self.saved_fd_limit is not None:
+    def _children_of(self, node, index):
+        if node is None:
+            return index[0].get(self.me, []) if index is not None else self.own_children()
+        proc = node[0]
+        if index is not None:
+            return index[0].get(proc.pid, [])
+        return self.fs.children(proc.pid, proc.threads)
+
+    def _still_there(self, node):
+        """Was the process alive after its children were read? (Then nothing
+        left its list unseen.) Pinned processes are checked by their pidfd,
+        the rest by /proc; a scan is one snapshot, which _scan_index checks."""
+        proc, pin, _ = node
+        if not proc.live or self.kind == "scan":
+            return True  # a zombie has no children: they left at its exit
+        if pin is not None and pin.fd is not None:
+            return not _readable(pin.fd)
+        return self.alive(proc)
+
+    def _scan_index(self, walk):
+        """({ppid: [pid, ...]}, {pid: _Proc}) from one scan. A process whose
+        parent is missing from the scan saw that parent die mid-scan."""
+        procs = self.fs.scan()
+        children = {}
+        for proc in sorted(procs.values(), key=lambda p: p.pid):
+            children.setdefault(proc.ppid, []).append(proc.pid)
+            if proc.ppid not in procs and proc.ppid != 0:
+                walk.stable = False
+        return children, procs
+
+    def _pin_budget(self, wanted):
+        """How many pidfds may be held at once: all that is wanted when that is
+        few; else what our fd limit (lifted to the hard one) leaves, less a
+        reserve for reading /proc and for our own pipes."""
+        if wanted <= _PIN_FD_HEADROOM:
+            return wanted
+        import resource
+        self._make_fd_room()
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return max(0, soft - self.fs.open_fd_count() - _FD_RESERVE)
+
+    def _make_fd_room(self):
+        """Lift our soft RLIMIT_NOFILE to the hard one, once. The command
+        started with the caller's limit; close() puts ours back."""
+        if self.saved_fd_limit is not None:
             return
         import resource
         self.saved_fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -631,32 +930,46 @@ class ProcessTree(object):
         except (ValueError, OSError):
             pass  # a hard limit above what the kernel allows: keep ours
 
-    def release(self):
-        if self.saved_fd_limit is not None:
-            import resource
-            resource.setrlimit(resource.RLIMIT_NOFILE, self.saved_fd_limit)
-            self.saved_fd_limit = None
 
-
-def _close_pins(pins):
-    for pin in pins:
+def _closed(pin):
+    if pin is not None:
         pin.close()
+    return None
 
 
-# --- Signals, the stop file, and waiting ----------------------------------------------------
+def _reap_pid(pid):
+    """Reap pid if it is an exited child of ours; nothing otherwise."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _signal_group(fs, pid, pgid, sig):
+    """Signal the command's group, and the command itself if it left the
+    group (our unreaped child: its pid is ours). The group id is ours while
+    the command's zombie, its first leader, is held unreaped."""
+    _quietly_signal(pgid, sig, group=True)
+    command = fs.stat(pid)
+    if command is not None and command.live and command.pgid != pgid:
+        _quietly_signal(pid, sig)
+
+
+# --- Signals and the stop file ---------------------------------------------------------
 
 class _SignalCatcher(object):
-    """This run's signal dispositions: handlers only record and wake the loop
-    (through set_wakeup_fd); everything is restored by close()."""
+    """This run's signal dispositions: handlers only record what arrived and
+    when, and wake the loop through set_wakeup_fd. close() restores the
+    caller's."""
 
-    def __init__(self):
+    def __init__(self, always=()):
         self.pending = []
         self.saved = {}
         self.ignored_by_caller = set()
         self.caller_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
         read_end, write_end = os.pipe()
-        self.read_end, self.write_end = _high_fd(read_end), _high_fd(write_end)
-        for fd in (self.read_end, self.write_end):
+        self.fd, self.write_end = _high_fd(read_end), _high_fd(write_end)
+        for fd in (self.fd, self.write_end):
             os.set_blocking(fd, False)
         try:
             if sys.version_info >= (3, 7):  # a burst of SIGCHLD must not print warnings
@@ -667,18 +980,20 @@ class _SignalCatcher(object):
             self._close_pipe()
             raise SupervisorError("supervise() must run in the main thread")
         try:
-            self._install()
+            self._install(always)
         except BaseException:
             self.close()
             raise
 
-    def _install(self):
-        for sig in STOP_SIGNALS + FORWARDED_SIGNALS + (signal.SIGTSTP,):
+    def _install(self, always):
+        for sig in _STOP_SIGNALS + _FORWARDED_SIGNALS + (signal.SIGTSTP,):
             # nohup and background shells: a signal the caller ignored stays
-            # ignored. Not SIGXFSZ: CPython itself ignores it at start.
+            # ignored, for the command always, for us unless we need it.
+            # Not SIGXFSZ: CPython itself ignores it at start.
             if sig != signal.SIGXFSZ and signal.getsignal(sig) == signal.SIG_IGN:
                 self.ignored_by_caller.add(sig)
-                continue
+                if sig not in always:
+                    continue
             try:
                 self.saved[sig] = signal.signal(sig, self._record)
             except OSError:  # EINVAL: one the C library keeps for itself
@@ -687,36 +1002,25 @@ class _SignalCatcher(object):
         # not kill us when stderr is a closed pipe.
         self.saved[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, self._record)
         self.saved[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        handled = [s for s in self.saved if s != signal.SIGPIPE]
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [s for s in self.saved if s != signal.SIGPIPE])
 
     def _record(self, signum, frame):
-        self.pending.append(signum)
-
-    def handles(self, sig):
-        return sig in self.saved
-
-    def always_handle(self, sig):
-        """Handle sig even if the caller ignored it; the command still gets it
-        ignored, as the caller meant."""
-        if sig not in self.saved:
-            self.saved[sig] = signal.signal(sig, self._record)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        self.pending.append((signum, _now()))
 
     def take(self):
-        """Signals received since the last call, oldest first."""
-        _discard_pending(self.read_end)
+        """(signal, monotonic time) received since the last call, oldest first."""
+        _discard_pending(self.fd)
         taken, self.pending = self.pending, []
         return taken
 
     def reset_for_command(self):
         """In the forked child, before exec: the caller's dispositions and mask,
         but SIGCHLD, SIGPIPE and SIGXFSZ at their defaults."""
-        for sig in set(self.saved) | set(DEFAULTED_FOR_COMMAND):
-            ignored = sig in self.ignored_by_caller and sig not in DEFAULTED_FOR_COMMAND
+        for sig in set(self.saved) | set(_DEFAULTED_FOR_COMMAND):
+            ignored = sig in self.ignored_by_caller and sig not in _DEFAULTED_FOR_COMMAND
             signal.signal(sig, signal.SIG_IGN if ignored else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK,
-                               set(self.caller_mask) - set(DEFAULTED_FOR_COMMAND))
+                               set(self.caller_mask) - set(_DEFAULTED_FOR_COMMAND))
 
     def close(self):
         signal.set_wakeup_fd(self.saved_wakeup)
@@ -726,7 +1030,7 @@ class _SignalCatcher(object):
         self._close_pipe()
 
     def _close_pipe(self):
-        os.close(self.read_end)
+        os.close(self.fd)
         os.close(self.write_end)
 
 
@@ -739,11 +1043,9 @@ class _StopFileWatch(object):
         self.fd = None
         self.watched = None         # (directory, st_dev, st_ino)
         self.wd = None
-        self.retired = False        # waiting is over: no more events wanted
-        self.interval = STOP_FILE_POLL_INTERVAL
+        self.interval = _STOP_FILE_POLL_INTERVAL
         try:
-            libc = _libc()
-            self.fd = _high_fd(libc.call("inotify_init1", IN_NONBLOCK | IN_CLOEXEC))
+            self.fd = _high_fd(_libc().call("inotify_init1", _IN_NONBLOCK | _IN_CLOEXEC))
         except (OSError, AttributeError):
             return  # no inotify here (ENOSYS, EMFILE): poll
         self._rewatch()
@@ -760,7 +1062,7 @@ class _StopFileWatch(object):
         return now + self.interval
 
     def fileno(self):
-        return None if self.retired else self.fd
+        return self.fd
 
     def drain_events(self):
         _discard_pending(self.fd)  # which event it was does not matter: look again
@@ -783,18 +1085,18 @@ class _StopFileWatch(object):
             directory = os.path.dirname(directory)
         if (directory, st.st_dev, st.st_ino) == self.watched:
             return
-        self.stop()
-        mask = IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
+        self._unwatch()
+        mask = _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
         try:
             self.wd = _libc().call("inotify_add_watch", self.fd, os.fsencode(directory), mask)
         except OSError:  # ENOSPC (watch limit), EACCES: poll instead
-            self.interval = STOP_FILE_POLL_INTERVAL
+            self.interval = _STOP_FILE_POLL_INTERVAL
             return
         self.watched = (directory, st.st_dev, st.st_ino)
-        self.interval = (STOP_FILE_POLL_INTERVAL if _inotify_blind(directory)
-                         else STOP_FILE_SAFETY_INTERVAL)
+        self.interval = (_STOP_FILE_POLL_INTERVAL if _inotify_blind(directory)
+                         else _STOP_FILE_SAFETY_INTERVAL)
 
-    def stop(self):
+    def _unwatch(self):
         """Remove the watch. Closing an inotify fd that still watches waits for
         the kernel to reap the watch (up to 16 ms measured); removed early, the
         watch is reaped in the background and the close is instant."""
@@ -805,171 +1107,190 @@ class _StopFileWatch(object):
                 pass  # EINVAL: the kernel dropped it already (directory deleted)
             self.wd, self.watched = None, None
 
-    def retire(self):
-        """Waiting is over: remove the watch now, close the fd at the end (see
-        stop()), and offer no fd to wait on meanwhile."""
-        self.stop()
-        self.retired = True
-
     def close(self):
         if self.fd is not None:
-            self.stop()
+            self._unwatch()
             os.close(self.fd)
             self.fd = None
 
 
 def _inotify_blind(directory):
     """Is directory on a filesystem whose remote changes inotify never sees?"""
-    libc = _libc()
-    buf = libc.ctypes.create_string_buffer(256)  # struct statfs; f_type first
     try:
-        libc.call("statfs", os.fsencode(directory), buf)
+        return _filesystem_type(directory) & 0xFFFFFFFF in _INOTIFY_BLIND_FILESYSTEMS
     except OSError:
         return True
-    f_type = int.from_bytes(buf.raw[:libc.ctypes.sizeof(libc.ctypes.c_long)], sys.byteorder)
-    return f_type & 0xFFFFFFFF in INOTIFY_BLIND_FILESYSTEMS
 
 
-def _wait_readable(fds, seconds):
-    """The fds that became readable within `seconds`. select() keeps the
-    deadline to the microsecond; poll() (whole milliseconds, rounded up, so
-    up to 1 ms late) serves fds above select's limit and waits beyond a day."""
-    seconds = max(seconds, 0.0)
-    if max(fds) < SELECT_FD_LIMIT and seconds < MAX_SELECT_SECONDS:
-        return select.select(fds, (), (), seconds)[0]
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    return [fd for fd, _ in poller.poll(min(MAX_POLL_MS, int(seconds * 1000) + 1))]
+# --- The run: its state, its one wait, what signals do, and the reaper -------------------
 
+class _Plan(object):
+    """What the caller asked for, checked, before anything starts."""
 
-# --- The run ----------------------------------------------------------------------------------
-
-class _Run(object):
-    """Everything one supervise() call knows and decides."""
-
-    def __init__(self, command, timeout, cleanup_timeout, stop_path, workdir):
-        self.command = list(command)
+    def __init__(self, command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent):
+        self.command = command
         self.timeout, self.cleanup_timeout = timeout, cleanup_timeout
         self.stop_path, self.workdir = stop_path, workdir
-        self.pid = None             # the command; its pid is its group id
-        self.exit_info = None       # its waitid() result, once it exited
-        self.reaped = False
-        self.stop_reason = None
-        self.stop_signal = None
-        self.hurry = False          # a second stop signal: skip the grace
-        self.error, self.error_exit = None, None
-        self.ladder = []
-        self.preserved, self.survivors = [], []
-        self.tree = None
-        self.inherited = set()
-        self.catcher = None
-        self.watch = None
-        self.exec_report = None     # read end of the pipe the child reports on
-        self.exec_report_data = b""
-        self.failed = False         # an internal error: cleanup unconfirmed
-        self.terminal = None        # fd 0 when we hand the terminal to the command
-        self.subreaper_before = None
-        self.started_wall = time.time()
-        self.started = time.monotonic()
-        self.deadline = self.started + timeout
+        self.stop_with_parent = stop_with_parent
+
+
+class _Run(object):
+    """One supervised run: the plan, the state it is in, and what it saw.
+    The state changes only through _enter()."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.state = "starting"
+        self.ladder = []                # [step, start, end] for each cleanup step
+        self.started_wall, self.started = time.time(), _now()
+        self.endtime = None             # the deadline: the command's start + timeout
         self.ended_running = None
-
-    # Waiting: one place blocks in the kernel.
-    def wait(self, until, fd=None):
-        """Block until a signal, the stop file's watch, fd, or the time `until`."""
-        watch_fd = self.watch.fileno() if self.watch else None
-        fds = [f for f in (self.catcher.read_end, watch_fd, self.exec_report, fd)
-               if f is not None]
-        if watch_fd in _wait_readable(fds, until - time.monotonic()):
-            self.watch.drain_events()
-
-    def handle_signals(self):
-        """Act on what arrived: forward, suspend, note a stop. Returns whether a
-        stop signal came."""
-        stopped = False
-        for sig in self.catcher.take():
-            if sig in FORWARDED_SIGNALS:
-                if not self.reaped and self.pid is not None:
-                    self.tree.signal_group(sig)
-            elif sig == signal.SIGTSTP:
-                if self.ended_running is None:
-                    _suspend(self)
-            elif sig in STOP_SIGNALS:
-                stopped = True
-                if self.ended_running is None and self.stop_signal is None:
-                    self.stop_signal = sig  # the first decides
-                else:
-                    self.hurry = True  # a second one skips the grace
-        return stopped
-
-    def begin_step(self, name):
-        now = time.monotonic()
-        if self.ladder:
-            self.ladder[-1][2] = now
-        self.ladder.append([name, now, now])
-        return now + self.cleanup_timeout
-
-    def end_steps(self):
-        if self.ladder:
-            self.ladder[-1][2] = time.monotonic()
-
-    def command_exited(self):
-        """Has the command exited? Looks without reaping: its zombie keeps its
-        pid, and so its group id, from being reused until the group is drained."""
-        if self.exit_info is None and self.pid is not None:
-            try:
-                info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                info = None
-            if info is not None:
-                self.exit_info = info
-        return self.exit_info is not None
-
-    def reap_if_child(self, pid):
-        """Reap pid if it is an exited child of ours, but never the command
-        before the end. Safe for any other pid: whatever zombie child holds
-        it is ours to reap. Signals by pid come from a later look at /proc."""
-        if pid != self.pid:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-
-    @property
-    def return_code(self):
-        return _return_code(self.exit_info) if self.exit_info is not None else None
+        self.pid = self.pgid = None     # the command; its first pid is its group id
+        self.exit_info = None           # its waitid() once it exited, unreaped until done
+        self.reaped = False
+        self.report = None              # the exec report
+        self.stop_reason = self.stop_signal = None
+        self.hurry = False              # a later stop signal: skip the rest of the grace
+        self.error = self.error_exit = None
+        self.failed = False             # the supervisor itself failed: nothing confirmed
+        self.preserved, self.survivors, self.stable = [], [], True
+        self.fs = self.tree = self.catcher = self.watch = None
+        self.terminal = None            # fd 0, when the command was given the terminal
+        self.subreaper_before = None
+        self.next_list_reap, self.reap_pending = 0.0, False  # see _reap_exited()
 
 
-def _prepare(run):
-    """Refuse what cannot work; become a subreaper; take over signals."""
-    if not sys.platform.startswith("linux"):
-        raise SupervisorError("supervisor.py needs Linux (prctl, /proc); this is %s" % sys.platform)
-    try:
-        proc_self = os.readlink("/proc/self")
-    except OSError:
-        raise SupervisorError("/proc is not mounted; mount it (mount -t proc proc /proc)")
-    if proc_self != str(os.getpid()):
-        raise SupervisorError("/proc belongs to another PID namespace; mount this one's "
-                              "(unshare --mount-proc, or mount -t proc proc /proc)")
-    try:
-        run.subreaper_before = set_subreaper(True)
-    except OSError as e:
-        raise SupervisorError("cannot become a child subreaper (%s); Linux >= 3.4 needed" % e)
-    run.catcher = _SignalCatcher()
+def _enter(run, state):
+    """Move the run to `state`. Cleanup steps are timed for the receipt's
+    ladder; entering one returns its endtime (a budget of cleanup_timeout)."""
+    now = _now()
+    if run.ladder and run.ladder[-1][2] is None:
+        run.ladder[-1][2] = now
+    if run.state == "running":
+        run.ended_running = now
+    run.state = state
+    if state in _CLEANUP_STEPS:
+        run.ladder.append([state, now, None])
+        return now + run.plan.cleanup_timeout
+    return None
 
 
-def _inherited_children():
-    """Identities of the children we had before the command (a shell's
-    background jobs, before its exec) and their descendants: the caller's,
-    never signalled, and their exits never pass for the command's."""
-    try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WSTOPPED | os.WCONTINUED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return set()  # no children at all: the usual case, and no /proc scan
-    snap = Snapshot(scan_proc())
-    return set(p.identity for p in snap.subtree(snap.children(os.getpid())))
+def _wait(run, until, fds=()):
+    """The one place a run blocks: until a signal arrives, one of fds is
+    readable (pidfds), the stop file's watch or the exec report speaks (while
+    running only), or the monotonic time `until`. Then act on the signals."""
+    running = run.state == "running"
+    watch_fd = run.watch.fileno() if running and run.watch is not None else None
+    report_fd = run.report.fileno() if running else None
+    wanted = [fd for fd in (run.catcher.fd, watch_fd, report_fd) if fd is not None]
+    if run.reap_pending:
+        until = min(until, run.next_list_reap)
+    ready = _wait_readable(wanted + list(fds), until - _now())
+    if watch_fd is not None and watch_fd in ready:
+        run.watch.drain_events()
+    _act_on_signals(run)
 
+
+def _act_on_signals(run):
+    """Dispatch what arrived on (state, kind of signal); SIGCHLD reaps."""
+    child_exited = False
+    for sig, when in run.catcher.take():
+        if sig == signal.SIGCHLD:
+            child_exited = True
+        else:
+            _SIGNAL_ACTIONS[run.state][_signal_kind(sig)](run, sig, when)
+    if child_exited or (run.reap_pending and _now() >= run.next_list_reap):
+        _reap_exited(run)
+
+
+def _signal_kind(sig):
+    if sig in _FORWARDED_SIGNALS:
+        return 1
+    return 2 if sig == signal.SIGTSTP else 0
+
+
+def _request_stop(run, sig, when):
+    """The first stop request decides; one that arrives past the deadline
+    (the supervisor was stopped, say) is the deadline's."""
+    if run.stop_reason is None:
+        if run.endtime is not None and when >= run.endtime:
+            run.stop_reason = "timeout"
+        else:
+            run.stop_reason, run.stop_signal = "signal", sig
+
+
+def _hurry(run, sig, when):
+    """A stop signal during the cleanup skips the rest of the grace."""
+    run.hurry = True
+
+
+def _forward(run, sig, when):
+    if not run.reaped:
+        _signal_group(run.fs, run.pid, run.pgid, sig)
+
+
+def _suspend_on_signal(run, sig, when):
+    _suspend(run)
+
+
+def _ignore_signal(run, sig, when):
+    pass
+
+
+# What a signal does, by the state of the run: (stop, forward, suspend).
+_SIGNAL_ACTIONS = {
+    "starting": (_request_stop, _ignore_signal, _ignore_signal),
+    "running": (_request_stop, _forward, _suspend_on_signal),
+    "terminating": (_hurry, _forward, _ignore_signal),
+    "killing": (_hurry, _ignore_signal, _ignore_signal),
+    "draining": (_hurry, _ignore_signal, _ignore_signal),
+    "done": (_ignore_signal, _ignore_signal, _ignore_signal),
+}
+
+
+def _reap_exited(run):
+    """The one reaper: every exited child of ours, but the command until done
+    (its zombie keeps its pid, and so its group id, from being reused while
+    the group is signalled). Runs whenever SIGCHLD wakes a wait, in every
+    state, so zombies never pile up."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        if info.si_pid != run.pid or run.reaped:
+            _reap_pid(info.si_pid)
+            continue
+        # The command's zombie is the one waitid() shows, and it hides the
+        # others behind it: reap them by pid, from the list of our children.
+        # That costs a syscall a child, so at most every _REAP_LIST_INTERVAL;
+        # _wait() wakes up for the next one.
+        now = _now()
+        if now < run.next_list_reap:
+            run.reap_pending = True
+            return
+        run.next_list_reap, run.reap_pending = now + _REAP_LIST_INTERVAL, False
+        for pid in run.tree.own_children():
+            if pid != run.pid:
+                _reap_pid(pid)
+        return
+
+
+def _command_exited(run):
+    """Has the command exited? Looks without reaping (WNOWAIT)."""
+    if run.exit_info is None and run.pid is not None and not run.reaped:
+        try:
+            info = os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            info = None
+        if info is not None:
+            run.exit_info = info
+    return run.exit_info is not None
+
+
+# --- Job control: the terminal, Ctrl-Z, forwarded signals ------------------------------------
 
 def _caller_terminal():
     """fd 0 when it is a terminal and we are in its foreground group."""
@@ -994,14 +1315,13 @@ def _take_back_terminal(run):
     """Take the terminal back from the command's group, or from whatever group
     of the run held it last and is now empty (a job the command gave it to),
     never from a live group that is not the run's."""
-    if run.terminal is None or run.tree is None:
+    if run.terminal is None or run.pgid is None:
         return
     try:
         foreground = os.tcgetpgrp(run.terminal)
     except OSError:
         return
-    if foreground != os.getpgrp() and (foreground == run.tree.pgid
-                                       or not _group_exists(foreground)):
+    if foreground != os.getpgrp() and (foreground == run.pgid or not _group_exists(foreground)):
         _give_terminal(run.terminal, os.getpgrp())
 
 
@@ -1018,119 +1338,22 @@ def _group_exists(pgid):
 def _suspend(run):
     """Ctrl-Z or SIGTSTP: stop the command's group, give the terminal back,
     stop ourselves; on SIGCONT (fg, bg) resume the group, and give it the
-    terminal again if we were resumed in the foreground."""
-    if run.pid is None or run.reaped:
+    terminal again if we were resumed in the foreground. In an orphaned
+    process group the kernel drops SIGTSTP: we do not stop, and the group
+    resumes at once."""
+    if run.reaped:
         return
-    run.tree.signal_group(signal.SIGSTOP)
+    _signal_group(run.fs, run.pid, run.pgid, signal.SIGSTOP)
     _take_back_terminal(run)
-    if run.catcher.handles(signal.SIGTSTP):
+    if signal.SIGTSTP in run.catcher.saved:
         handler = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTSTP)
         signal.signal(signal.SIGTSTP, handler)
     else:
         os.kill(os.getpid(), signal.SIGSTOP)
     if run.terminal is not None and _caller_terminal() is not None:
-        _give_terminal(run.terminal, run.pid)
-    run.tree.signal_group(signal.SIGCONT)
-
-
-def _start_command(run):
-    """Fork, and exec COMMAND in a process group of its own with the caller's
-    stdio, environment, signal mask and ignored signals. A CLOEXEC pipe reports
-    a failed exec; EOF on it means the exec happened."""
-    read_end, write_end = os.pipe()
-    read_end, write_end = _high_fd(read_end), _high_fd(write_end)
-    # All signals blocked across fork: the child must not run our handlers.
-    own_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _VALID_SIGNALS)
-    try:
-        run.started_wall, run.started = time.time(), time.monotonic()
-        run.deadline = run.started + run.timeout
-        pid = os.fork()
-        if pid == 0:
-            _exec_command(run, write_end)  # never returns
-    except BaseException:
-        os.close(read_end)
-        raise
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, own_mask)
-        os.close(write_end)
-    try:
-        os.setpgid(pid, pid)  # also in the parent, so the group exists either way
-    except OSError:
-        pass  # EACCES: the child has already done it and exec'd
-    run.pid = pid
-    run.tree = ProcessTree(pid, run.inherited)
-    os.set_blocking(read_end, False)
-    run.exec_report = read_end  # read by the wait loop, bounded by the deadline
-    if run.terminal is not None:
-        _give_terminal(run.terminal, pid)
-
-
-def _exec_command(run, report_fd):
-    step = "setpgid"
-    try:
-        os.setpgid(0, 0)
-        if run.terminal is not None:
-            step = "tcsetpgrp"
-            os.tcsetpgrp(run.terminal, os.getpid())  # SIGTTOU is blocked here
-        step = "chdir"
-        os.chdir(run.workdir)
-        run.catcher.reset_for_command()
-        step = "exec"
-        os.execvp(run.command[0], run.command)
-    except (OSError, ValueError, TypeError) as e:
-        code = getattr(e, "errno", None) or errno.EINVAL
-        os.write(report_fd, ("%s %d" % (step, code)).encode())
-    finally:
-        os._exit(EXIT_NOT_FOUND)
-
-
-def _check_exec_report(run):
-    """Read what the child said about its exec: nothing (EOF: it exec'd, or
-    died before), or the step and errno that failed."""
-    try:
-        while True:
-            chunk = os.read(run.exec_report, 512)
-            if not chunk:
-                break
-            run.exec_report_data += chunk
-    except BlockingIOError:
-        return  # not yet: the child is still on its way to exec
-    os.close(run.exec_report)
-    run.exec_report = None
-    if run.exec_report_data:
-        _note_exec_failure(run, run.exec_report_data)
-
-
-def _note_exec_failure(run, report):
-    step, _, code = report.decode().partition(" ")
-    code = int(code)
-    os.waitpid(run.pid, 0)  # the child exited without running COMMAND
-    run.pid, run.reaped = None, True
-    reason = os.strerror(code)
-    if step == "exec":
-        run.error = "cannot run %r: %s" % (run.command[0], reason)
-        run.error_exit = (EXIT_NOT_FOUND if code in (errno.ENOENT, errno.ENOTDIR)
-                          else EXIT_CANNOT_EXECUTE)
-    else:
-        run.error = "cannot start the command (%s): %s" % (step, reason)
-        run.error_exit = EXIT_FAILURE
-
-
-def _reap_orphans(run):
-    """While the command runs: reap every adopted orphan that exited, so zombies
-    never pile up. waitid(WNOWAIT) looks first, so the command is never reaped."""
-    while True:
-        try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if info is None or info.si_pid == run.pid:
-            return
-        try:
-            os.waitpid(info.si_pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+        _give_terminal(run.terminal, run.pgid)
+    _signal_group(run.fs, run.pid, run.pgid, signal.SIGCONT)
 
 
 def _check_job_control(run):
@@ -1145,171 +1368,306 @@ def _check_job_control(run):
         _suspend(run)
 
 
-def _wait_for_end(run):
-    """Block until the command exits (or fails to start), the deadline passes,
-    the stop file appears or a stop signal arrives; the first of them decides."""
+# --- The phases of a run ---------------------------------------------------------------------
+
+def _prepare(run):
+    """starting: refuse what cannot work; become a subreaper; take over signals."""
+    _require_linux()
+    run.fs = _ProcFS()
+    run.tree = _ProcTree(run.fs, _containment_kind(run.fs))
+    try:
+        run.subreaper_before = _set_subreaper(True)
+    except OSError as e:
+        raise SupervisorError("cannot become a child subreaper (%s); Linux >= 3.4 needed" % e)
+    parent = run.plan.stop_with_parent
+    run.catcher = _SignalCatcher(always=(signal.SIGTERM,) if parent is not None else ())
+    if parent is not None:
+        # The parent's death arrives as SIGTERM; a parent that died before we
+        # asked shows as a new parent pid.
+        _set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != parent:
+            run.catcher.pending.append((signal.SIGTERM, _now()))
+    run.tree.note_inherited()
+    if run.plan.stop_path is not None:
+        run.watch = _StopFileWatch(run.plan.stop_path)
+
+
+def _containment_kind(fs):
+    """"children" where the kernel lists children, else "scan". The variable
+    SUPERVISOR_CONTAINMENT=scan forces the fallback (it is how the tests
+    prove it on a kernel that has both)."""
+    wanted = os.environ.get("SUPERVISOR_CONTAINMENT", "")
+    if wanted == "scan" or not fs.has_children_files:
+        return "scan"
+    return "children"
+
+
+def _stopped_before_start(run):
+    """A stop signal already received, or a stop file already there: the
+    command never starts."""
+    _act_on_signals(run)
+    if run.stop_reason is None and run.watch is not None and run.watch.exists():
+        run.stop_reason = "stop_file"
+    return run.stop_reason is not None
+
+
+class _ExecReport(object):
+    """The child's word on its exec, through a CLOEXEC pipe: EOF with nothing
+    said means the exec happened (or the child died first); "step errno" means
+    it failed. Pending until EOF is read."""
+
+    def __init__(self, fd):
+        self.fd, self.data, self.failure = fd, b"", None
+
+    def fileno(self):
+        return self.fd
+
+    def read(self, block):
+        """Read what is there; with block, to EOF (the caller knows the child is
+        gone, so the only write end is closed)."""
+        if self.fd is None:
+            return
+        os.set_blocking(self.fd, block)
+        try:
+            while True:
+                chunk = os.read(self.fd, 512)
+                if not chunk:
+                    break
+                self.data += chunk
+        except BlockingIOError:
+            return
+        self.close()
+        if self.data:
+            step, _, code = self.data.decode().partition(" ")
+            self.failure = (step, int(code))
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _start_command(run):
+    """Fork, and exec COMMAND in a process group of its own with the caller's
+    stdio, environment, signal mask and ignored signals. -> running"""
+    read_end, write_end = os.pipe()
+    read_end, write_end = _high_fd(read_end), _high_fd(write_end)
+    # All signals blocked across fork: the child must not run our handlers.
+    own_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _VALID_SIGNALS)
+    try:
+        run.started_wall, run.started = time.time(), _now()
+        run.endtime = run.started + run.plan.timeout
+        pid = os.fork()
+        if pid == 0:
+            _exec_command(run, write_end)  # never returns
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, own_mask)
+        os.close(write_end)
+    try:
+        os.setpgid(pid, pid)  # also in the parent, so the group exists either way
+    except OSError:
+        pass  # EACCES: the child has already done it and exec'd
+    run.pid = run.pgid = pid
+    run.tree.started(pid)
+    run.report = _ExecReport(read_end)
+    _enter(run, "running")
+    if run.terminal is not None:
+        _give_terminal(run.terminal, pid)
+
+
+def _exec_command(run, report_fd):
+    step = "setpgid"
+    try:
+        os.setpgid(0, 0)
+        run.tree.join_in_child()
+        if run.terminal is not None:
+            step = "tcsetpgrp"
+            os.tcsetpgrp(run.terminal, os.getpid())  # SIGTTOU is blocked here
+        step = "chdir"
+        os.chdir(run.plan.workdir)
+        run.catcher.reset_for_command()
+        step = "exec"
+        os.execvp(run.plan.command[0], run.plan.command)
+    except (OSError, ValueError, TypeError) as e:
+        code = getattr(e, "errno", None) or errno.EINVAL
+        os.write(report_fd, ("%s %d" % (step, code)).encode())
+    finally:
+        os._exit(EXIT_NOT_FOUND)
+
+
+def _run_until_stop(run):
+    """running: block until the command exits (or its exec fails), the
+    deadline passes, the stop file appears or a stop signal arrives."""
     while True:
-        stop_signalled = run.handle_signals()
-        if run.exec_report is not None:
-            _check_exec_report(run)
-            if run.reaped:
-                return  # it never ran
-        _reap_orphans(run)
-        if run.command_exited():
-            if run.stop_signal is not None:  # it came with the exit: hurry the drain
-                run.stop_signal, run.hurry = None, True
+        run.report.read(block=False)
+        if run.report.failure:
+            return
+        if _command_exited(run):
+            run.report.read(block=True)  # the exec report first: a failed exec is no exit
+            if run.stop_reason is not None:  # it came with the exit: hurry the drain
+                run.stop_reason, run.stop_signal, run.hurry = None, None, True
+            return
+        now = _now()
+        if run.stop_reason is None and now >= run.endtime:
+            run.stop_reason = "timeout"
+        if run.stop_reason is None and run.watch is not None and run.watch.exists():
+            run.stop_reason = "stop_file"
+        if run.stop_reason is not None:
             return
         _check_job_control(run)
-        now = time.monotonic()
-        if stop_signalled:
-            run.stop_reason = "signal"
-        elif now >= run.deadline:
-            run.stop_reason = "timeout"
-        elif run.watch is not None and run.watch.exists():
-            run.stop_reason = "stop_file"
-        if run.stop_reason:
-            return
-        until = run.deadline if run.watch is None else min(run.deadline, run.watch.due(now))
-        run.wait(until)
+        until = run.endtime if run.watch is None else min(run.endtime, run.watch.due(now))
+        _wait(run, until)
 
 
-def _await_exits(run, pins, deadline, interruptible=False):
-    """Block until every pinned process has exited, reaping each one that was
-    our child as it goes (the next look at /proc is shorter for it). False at
-    the deadline, or, when interruptible, as soon as a second stop signal asks
-    to hurry."""
-    delay = EXIT_POLL_FIRST
-    for pin in pins:
-        while not pin.exited():
-            run.handle_signals()
-            if time.monotonic() >= deadline or (interruptible and run.hurry):
-                return False
-            if pin.fd is None:  # no pidfd: nothing will wake us, so poll
-                run.wait(min(deadline, time.monotonic() + delay))
-                delay = min(delay * 2, EXIT_POLL_MAX)
-            else:
-                run.wait(deadline, pin.fd)
-        run.reap_if_child(pin.proc.pid)
-    return True
-
-
-def _await_command(run, deadline):
-    """After SIGKILL: wait, bounded, for the command's own process to exit
-    (SIGCHLD wakes us); it may sit in uninterruptible sleep."""
-    while not run.command_exited() and time.monotonic() < deadline:
-        run.handle_signals()
-        run.wait(deadline)
-
-
-def _drain(run, forced, deadline, snap=None):
-    """Freeze, kill and wait until /proc shows none of the targets alive, or the
-    deadline. Returns the survivors. Targets outside the group are frozen
-    first, so a tree that keeps forking cannot outrun the drain."""
-    tree = run.tree
-    while True:
-        snap = snap or tree.snapshot()
-        tree.reap_zombies(snap)
-        targets = tree.targets(snap, forced)
-        if not targets or time.monotonic() >= deadline:
-            return targets, snap
-        unfrozen = [p for p in targets if p.pgid != tree.pgid and p.identity not in tree.frozen]
-        if unfrozen and tree.freeze(snap, targets):
-            snap = None  # rescan: catch children forked before their parent froze
-            continue
-        pins = tree.kill(snap, targets)
-        try:
-            if pins:
-                _await_exits(run, pins, deadline)
-            else:  # nothing provable yet: wait for an adoption (SIGCHLD) or a moment
-                run.wait(min(deadline, time.monotonic() + EXIT_POLL_MAX))
-        finally:
-            _close_pins(pins)
-        snap = None
-
-
-def _finish_natural(run):
-    """The command exited by itself: drain what is left of its group (SIGTERM,
-    grace, SIGKILL). Children in other groups or sessions keep running."""
-    _take_back_terminal(run)
-    tree = run.tree
-    # Frozen, no member can fork while we look: one look is then the truth.
-    tree.signal_group(signal.SIGSTOP)
-    snap = tree.snapshot()
-    members = tree.targets(snap, forced=False)
-    if members:
-        grace_end = run.begin_step("terminating")
-        tree.signal_group(signal.SIGTERM)
-        tree.signal_group(signal.SIGCONT)
-        pins = tree.pins(members)
-        try:
-            _await_exits(run, pins, grace_end, interruptible=True)
-        finally:
-            _close_pins(pins)
-        snap = None
-    deadline = run.begin_step("draining")
-    run.survivors, snap = _drain(run, False, deadline, snap)
-    run.end_steps()
-    run.preserved = tree.left_running(snap)
+def _note_exec_failure(run):
+    """The child exited without running COMMAND: nothing else ran."""
+    step, code = run.report.failure
+    if not run.reaped:
+        os.waitpid(run.pid, 0)
+        run.reaped = True
+    run.pid = None  # the receipt's pid is the command's, and it never ran
+    reason = os.strerror(code)
+    if step == "exec":
+        run.error = "cannot run %r: %s" % (run.plan.command[0], reason)
+        run.error_exit = (EXIT_NOT_FOUND if code in (errno.ENOENT, errno.ENOTDIR)
+                          else EXIT_CANNOT_EXECUTE)
+    else:
+        run.error = "cannot start the command (%s): %s" % (step, reason)
+        run.error_exit = EXIT_FAILURE
 
 
 def _stop_forced(run):
-    """Deadline, stop file or signal: note the detached services to keep, then
-    SIGTERM the group, grace, SIGKILL, and drain the group with every child
-    adopted after the decision, in any group or session."""
+    """Deadline, stop file or signal: keep the detached services, stop the
+    group (the stop signal, a grace, SIGKILL), then drain the whole run."""
     tree = run.tree
-    grace_end = run.begin_step("terminating")
+    grace_end = _enter(run, "terminating")
     # Frozen while we look, no member can die and hand us its children before
-    # we have noted which children were adopted before the decision. SIGTERM
-    # comes after the look: a stopped process still dies at once of a SIGTERM
-    # it does not handle (the kernel's fatal-signal shortcut).
-    tree.signal_group(signal.SIGSTOP)
-    snap = tree.snapshot()
-    run.preserved = tree.note_detached(snap)
-    tree.signal_group(signal.SIGTERM)
-    tree.signal_group(signal.SIGCONT)
-    pins = tree.pins(tree.group_and_command(snap))
+    # the services adopted before the decision are noted. The stop signal
+    # comes after the look: a stopped process still dies at once of a
+    # SIGTERM it does not handle (the kernel's fatal-signal shortcut).
+    tree.signal(_GROUP, signal.SIGSTOP)
+    tree.keep(tree.detached(grace_end))
+    tree.signal(_GROUP, signal.SIGTERM)
+    tree.signal(_GROUP, signal.SIGCONT)
+    _await_gone(run, tree.members(_GROUP, grace_end), grace_end)
+    kill_end = _enter(run, "killing")
+    # Even when all seemed gone: a member forked during the grace must not
+    # fork again while the drain looks.
+    tree.signal(_GROUP, signal.SIGKILL)
+    while not _command_exited(run) and _now() < kill_end:
+        _wait(run, kill_end)  # SIGCHLD wakes us; it may sit in D state
+    _drain(run, _RUN)
+
+
+def _finish_natural(run):
+    """The command exited by itself: stop what is left of its group (the
+    stop signal, a grace, SIGKILL); what lives outside it keeps running."""
+    _take_back_terminal(run)
+    tree = run.tree
+    # Frozen, no member can fork while we look: one look is then the truth.
+    tree.signal(_GROUP, signal.SIGSTOP)
+    members = tree.members(_GROUP, _now() + run.plan.cleanup_timeout)
+    if members:
+        grace_end = _enter(run, "terminating")
+        tree.signal(_GROUP, signal.SIGTERM)
+        tree.signal(_GROUP, signal.SIGCONT)
+        _await_gone(run, members, grace_end)
+    _drain(run, _GROUP)
+
+
+def _await_gone(run, procs, until):
+    """The grace: wait until each process has exited, `until`, or a later stop
+    signal asks to hurry."""
+    pins = run.tree.pins(procs)
     try:
-        _await_exits(run, pins, grace_end, interruptible=True)
+        _await_exits(run, pins, until, interruptible=True)
     finally:
         _close_pins(pins)
-    kill_end = run.begin_step("killing")
-    # Even when all seemed gone: a member forked during the grace may not
-    # fork again while the drain looks.
-    tree.signal_group(signal.SIGKILL)
-    _await_command(run, kill_end)
-    deadline = run.begin_step("draining")
-    run.survivors, _ = _drain(run, True, deadline)
-    run.end_steps()
 
 
-def _reap_command(run):
-    """The group is drained: now the command's zombie may go."""
-    if run.command_exited() and not run.reaped:
-        os.waitid(os.P_PID, run.pid, os.WEXITED)
-        run.reaped = True
-    while True:  # and any orphan that exited after the last look
+def _await_exits(run, pins, until, interruptible=False):
+    """Block until every pinned process has exited: False at `until`, or, when
+    interruptible, as soon as a later stop signal asks to hurry."""
+    delay = _EXIT_POLL_FIRST
+    for pin in pins:
+        while not pin.exited(run.fs):
+            if _now() >= until or (interruptible and run.hurry):
+                return False
+            if pin.fd is None:  # no pidfd: nothing will wake us, so poll
+                _wait(run, min(until, _now() + delay))
+                delay = min(delay * 2, _EXIT_POLL_MAX)
+            else:
+                _wait(run, until, (pin.fd,))
+    return True
+
+
+def _drain(run, scope):
+    """draining: freeze and SIGKILL everything in scope, round after round,
+    until a stable look finds nothing alive, within one budget; then a last
+    SIGKILL pass and the confirming look, within _FINAL_PASS_LIMIT."""
+    endtime = _enter(run, "draining")
+    tree = run.tree
+    while _now() < endtime:
+        walk = tree.kill(scope, endtime)
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            if not walk.found and walk.stable:
+                run.survivors, run.stable = tree.confirm(scope, endtime, previous=walk)
+                if run.stable and not run.survivors:
+                    return
+                continue
+            if walk.pins:
+                _await_exits(run, walk.pins, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
+            else:  # nothing provable yet: an adoption (SIGCHLD) or a moment
+                _wait(run, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
+        finally:
+            _close_pins(walk.pins)
+    last = _now() + _FINAL_PASS_LIMIT
+    _close_pins(tree.kill(scope, last).pins)
+    run.survivors, run.stable = tree.confirm(scope, last)
+
+
+def _finish(run):
+    """done: the run is drained; now the command's zombie may go. The
+    services kept are those alive now."""
+    _enter(run, "done")
+    if _command_exited(run) and not run.reaped:
+        run.report.read(block=True)
+        if run.report.failure:
+            _note_exec_failure(run)
+        else:
+            os.waitid(os.P_PID, run.pid, os.WEXITED)
+            run.reaped = True
+    _reap_exited(run)
+    forced = run.stop_reason is not None
+    run.preserved = [p for p in run.tree.detached()
+                     if not forced or p.identity in run.tree.kept]
+
+
+def _abandon(run):
+    """The supervisor itself failed mid-run: kill the group rather than leave
+    it running unsupervised (its leader is still held, so the id is ours)."""
+    if run.pid is not None and not run.reaped:
+        _quietly_signal(run.pgid, signal.SIGKILL, group=True)
+        _quietly_signal(run.pid, signal.SIGKILL)
 
 
 def _release(run):
-    """Give back what the run took: terminal, signals, subreaper bit, fds."""
-    _take_back_terminal(run)
-    if run.watch is not None:
-        run.watch.close()
-    if run.exec_report is not None:
-        os.close(run.exec_report)
-        run.exec_report = None
-    if run.tree is not None:
-        run.tree.release()
-    if run.catcher is not None:
-        run.catcher.close()
+    """Give back what the run took: terminal, fds, signals, subreaper bit.
+    Each step is best effort: the receipt no longer depends on it."""
+    steps = [lambda: _take_back_terminal(run)]
+    for part in (run.watch, run.report, run.tree, run.fs, run.catcher):
+        if part is not None:
+            steps.append(part.close)
     if run.subreaper_before is False:
-        set_subreaper(False)
+        steps.append(lambda: _set_subreaper(False))
+    for step in steps:
+        try:
+            step()
+        except Exception:
+            pass
 
 
 # --- The receipt --------------------------------------------------------------------------------
@@ -1317,13 +1675,6 @@ def _release(run):
 def _iso_utc(timestamp):
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(timestamp)) + (
         ".%06dZ" % int(timestamp % 1 * 1e6))
-
-
-def _describe(proc, detailed):
-    entry = {"pid": proc.pid, "command": read_cmdline(proc.pid)}
-    if detailed:
-        entry.update(ppid=proc.ppid, pgid=proc.pgid, sid=proc.sid, state=proc.state)
-    return entry
 
 
 def _exit_status(run, confirmed):
@@ -1335,39 +1686,41 @@ def _exit_status(run, confirmed):
         return EXIT_TIMED_OUT
     if run.stop_reason == "signal":
         return 128 + run.stop_signal
-    code = run.return_code
+    code = _return_code(run.exit_info)
     return code if code >= 0 else 128 - code
 
 
 def _build_receipt(run, ended_wall, ended):
-    confirmed = not run.survivors and not run.failed
-    started_at = run.started_wall
+    confirmed = not run.survivors and run.stable and not run.failed
     ladder = [{"step": name, "start_s": round(begin - run.started, 6),
-               "duration_s": round(end - begin, 6)} for name, begin, end in run.ladder]
+               "duration_s": round((end or ended) - begin, 6)} for name, begin, end in run.ladder]
     cleanup_s = ended - run.ended_running if run.ended_running is not None else 0.0
+    fs = run.fs
     return {
         "schema_version": RECEIPT_SCHEMA_VERSION,
         "supervisor_version": __version__,
         "python_version": "%d.%d.%d" % sys.version_info[:3],
-        "command": [_text(arg) for arg in run.command],
-        "workdir": _text(run.workdir),
+        "command": [_text(arg) for arg in run.plan.command],
+        "workdir": _text(run.plan.workdir),
         "pid": run.pid,
         "supervisor_pid": os.getpid(),
-        "started_at": _iso_utc(started_at),
+        "started_at": _iso_utc(run.started_wall),
         "ended_at": _iso_utc(ended_wall),
         "duration_s": round(ended - run.started, 6),
-        "timeout_s": run.timeout,
-        "cleanup_timeout_s": run.cleanup_timeout,
+        "timeout_s": run.plan.timeout,
+        "cleanup_timeout_s": run.plan.cleanup_timeout,
         "stop_reason": run.stop_reason or "exit",
-        "signal": signal_name(run.stop_signal) if run.stop_signal else None,
+        "signal": _signal_name(run.stop_signal) if run.stop_signal else None,
         "timed_out": run.stop_reason == "timeout",
-        "return_code": run.return_code,
+        "return_code": _return_code(run.exit_info) if run.exit_info is not None else None,
         "exit_status": _exit_status(run, confirmed),
         "cleanup_confirmed": confirmed,
         "cleanup_s": round(cleanup_s, 6),
         "ladder": ladder,
-        "preserved": [_describe(p, False) for p in run.preserved],
-        "survivors": [_describe(p, True) for p in run.survivors],
+        "containment": run.tree.kind,
+        "preserved": [{"pid": p.pid, "command": fs.cmdline(p.pid)} for p in run.preserved],
+        "survivors": [{"pid": p.pid, "ppid": p.ppid, "pgid": p.pgid, "sid": p.sid,
+                       "state": p.state, "command": fs.cmdline(p.pid)} for p in run.survivors],
         "error": _text(run.error) if run.error is not None else None,
     }
 
@@ -1433,7 +1786,10 @@ def write_receipt(receipt, path):
             os.close(fd)
         os.replace(temporary, path)
     except BaseException:
-        _unlink_quietly(temporary)
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
         raise
     dir_fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -1442,25 +1798,12 @@ def write_receipt(receipt, path):
         os.close(dir_fd)
 
 
-def _unlink_quietly(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 # --- The API -----------------------------------------------------------------------------------
 
 def exec_timeout(timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
     """The bound a controller gives the exec that runs the supervisor: the
     deadline, each bounded cleanup phase, and slack for start-up and I/O."""
     return timeout + CLEANUP_PHASE_COUNT * cleanup_timeout + EXEC_TIMEOUT_SLACK
-
-
-def _check_seconds(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise UsageError("%s: must be a positive, finite number of seconds, not %r" % (name, value))
-    return float(value)
 
 
 def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_path=None,
@@ -1476,25 +1819,33 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_pa
     Linux. Raises SupervisorError (UsageError for bad arguments) before
     anything starts. Once the command started, a receipt always comes back: a
     command that cannot be executed, or a failure of the supervisor itself,
-    is in its error and exit_status.
+    is in its error and exit_status. The caller's signal handlers, mask and
+    subreaper bit are restored when it returns.
     """
-    command = _check_command(command)
-    timeout = _check_seconds(timeout, "timeout")
-    cleanup_timeout = _check_seconds(cleanup_timeout, "cleanup_timeout")
-    workdir = os.path.abspath(workdir if workdir is not None else os.getcwd())
-    stop_path = os.path.abspath(stop_path) if stop_path is not None else None
-    run = _Run(command, timeout, cleanup_timeout, stop_path, workdir)
+    run = _Run(_make_plan(command, timeout, cleanup_timeout, stop_path, workdir,
+                          stop_with_parent))
+    try:
+        return _execute(run)
+    finally:
+        _release(run)
+
+
+def _make_plan(command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent):
+    return _Plan(_check_command(command), _check_seconds(timeout, "timeout"),
+                 _check_seconds(cleanup_timeout, "cleanup_timeout"),
+                 os.path.abspath(stop_path) if stop_path is not None else None,
+                 os.path.abspath(workdir if workdir is not None else os.getcwd()),
+                 stop_with_parent)
+
+
+def _execute(run):
+    """The phases, in order; returns the receipt. Raises SupervisorError
+    before the command starts. Once it started, a failure of ours still ends
+    in a receipt, one that does not confirm the cleanup."""
     try:
         _prepare(run)
-        if stop_with_parent is not None:
-            _stop_with_parent(run, stop_with_parent)
-        run.inherited = _inherited_children()
-        if stop_path is not None:
-            run.watch = _StopFileWatch(stop_path)
-        if run.handle_signals():
-            run.stop_reason = "signal"
-        elif run.watch is not None and run.watch.exists():
-            run.stop_reason = "stop_file"  # before the start: never started
+        if _stopped_before_start(run):
+            _enter(run, "done")
         else:
             run.terminal = _caller_terminal()
             _start_command(run)
@@ -1502,31 +1853,36 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_pa
     except BaseException:
         _abandon(run)
         raise
-    finally:
-        ended_wall, ended = time.time(), time.monotonic()
-        _release(run)
+    ended_wall, ended = time.time(), _now()
+    _take_back_terminal(run)
     return _build_receipt(run, ended_wall, ended)
 
 
 def _supervise_started(run):
-    """The command is started: wait, then drain; a failure of ours from here
-    on still ends in a receipt, one that does not confirm the cleanup."""
     try:
-        _wait_for_end(run)
-        run.ended_running = time.monotonic()
-        if run.watch is not None:
-            run.watch.retire()
-        if run.reaped:
-            return  # the exec failed: nothing ran
+        _run_until_stop(run)
+        if run.report.failure:
+            _note_exec_failure(run)
+            _enter(run, "done")
+            return
         if run.stop_reason is None:
             _finish_natural(run)
         else:
             _stop_forced(run)
-        _reap_command(run)
+        _finish(run)
     except Exception as e:
         run.failed = True
-        run.error = "supervisor failed: %s: %s" % (type(e).__name__, e)
+        run.error = ("supervisor failed: %s" % e if isinstance(e, SupervisorError)
+                     else "supervisor failed: %s: %s" % (type(e).__name__, e))
         _abandon(run)
+        if run.state != "done":
+            _enter(run, "done")
+
+
+def _check_seconds(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise UsageError("%s: must be a positive, finite number of seconds, not %r" % (name, value))
+    return float(value)
 
 
 def _check_command(command):
@@ -1541,25 +1897,9 @@ def _check_command(command):
     return command
 
 
-def _stop_with_parent(run, parent):
-    """The parent's death arrives as SIGTERM (PR_SET_PDEATHSIG); a parent that
-    died before we asked shows as a new parent pid."""
-    run.catcher.always_handle(signal.SIGTERM)
-    _set_parent_death_signal(signal.SIGTERM)
-    if os.getppid() != parent:
-        run.catcher.pending.append(signal.SIGTERM)
-
-
-def _abandon(run):
-    """The supervisor itself failed mid-run: kill the group rather than leave
-    it running unsupervised (its leader is still held, so the id is ours)."""
-    if run.pid is not None and not run.reaped and run.tree is not None:
-        run.tree.signal_group(signal.SIGKILL)
-
-
 # --- The command line ------------------------------------------------------------------------
 
-USAGE = """\
+_USAGE = """\
 usage: supervisor.py --timeout SECONDS [OPTIONS] -- COMMAND [ARG...]
 
 Run COMMAND under a deadline, drain every process it leaves behind, and
@@ -1588,8 +1928,8 @@ def parse_duration(text, option="--timeout"):
     """Seconds from '90', '1.5', '10m', '2h', '1d', as timeout(1) reads them.
     Refuses zero, negatives, nan, inf, what rounds to zero, and garbage."""
     number, unit = text.strip(), 1
-    if number[-1:] in DURATION_UNITS:
-        number, unit = number[:-1], DURATION_UNITS[number[-1]]
+    if number[-1:] in _DURATION_UNITS:
+        number, unit = number[:-1], _DURATION_UNITS[number[-1]]
     if not number or any(c not in "0123456789.eE+-" for c in number):
         value = None
     else:
@@ -1613,7 +1953,7 @@ class _Options(object):
         self.show = None  # "help" or "version"
 
 
-def parse_args(argv):
+def _parse_args(argv):
     options = _Options()
     i = 0
     while i < len(argv):
@@ -1733,17 +2073,17 @@ def _relay_into_new_session():
     supervises; the parent stays in the caller's process group as a relay that
     forwards signals and exits with the child's status. When the relay is
     killed (the caller killed its group), the child gets SIGTERM
-    (PR_SET_PDEATHSIG, set by supervise) and stops the run. Returns the
+    (_PR_SET_PDEATHSIG, set by supervise) and stops the run. Returns the
     relay's pid, in the child only."""
     relay = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.setsid()
         return relay
-    for sig in STOP_SIGNALS + FORWARDED_SIGNALS:
+    for sig in _STOP_SIGNALS + _FORWARDED_SIGNALS:
         if signal.getsignal(sig) != signal.SIG_IGN:
             # The relay's only work: one kill() to its child, still unreaped.
-            signal.signal(sig, lambda signum, frame: _kill_child(pid, signum))
+            signal.signal(sig, lambda signum, frame: _quietly_signal(pid, signum))
     # Ctrl-Z cannot suspend a run in another session (its group is orphaned,
     # and the kernel drops SIGTSTP there): ignore it rather than stop alone.
     signal.signal(signal.SIGTSTP, signal.SIG_IGN)
@@ -1754,51 +2094,52 @@ def _relay_into_new_session():
     if os.WIFEXITED(status):
         _exit(os.WEXITSTATUS(status))
     _complain("the supervising process died of %s; no receipt: treat cleanup as "
-              "unconfirmed" % signal_name(os.WTERMSIG(status)))
+              "unconfirmed" % _signal_name(os.WTERMSIG(status)))
     _exit(EXIT_FAILURE)
 
 
 def main(argv=None):
     """The command line: parse, check, supervise, write the receipt. Returns
-    the exit status."""
+    the exit status. The supervisor's signal handlers stay in place until the
+    process exits: a late stop signal cannot cost the receipt."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        options = parse_args(argv)
+        options = _parse_args(argv)
         if options.show == "help":
-            _print(USAGE)
+            _print(_USAGE)
             return 0
         if options.show == "version":
             _print("supervisor.py %s\n" % __version__)
             return 0
-        if not sys.platform.startswith("linux"):
-            raise SupervisorError("supervisor.py needs Linux (prctl, /proc); this is %s"
-                                  % sys.platform)
+        _require_linux()
         workdir = _check_workdir(options)
         receipt_path = None
         if options.receipt is not None:
             receipt_path = _check_receipt_path(options.receipt, workdir)
         relay = _relay_into_new_session() if options.new_session else None
-        receipt = supervise(options.command, options.timeout, options.cleanup_timeout,
-                            options.stop_file, workdir=workdir, stop_with_parent=relay)
+        run = _Run(_make_plan(options.command, options.timeout, options.cleanup_timeout,
+                              options.stop_file, workdir, relay))
+        receipt = _execute(run)
     except SupervisorError as e:
         _complain(str(e))
         return EXIT_FAILURE
     except Exception as e:  # a bug: still one line, and the sandbox is suspect
         _complain("internal error: %s: %s" % (type(e).__name__, e))
         return EXIT_FAILURE
-    if receipt["error"]:
-        _complain(receipt["error"])
-    if not receipt["cleanup_confirmed"]:
-        _complain("cleanup not confirmed: %d process(es) still alive (%s); do not "
-                  "reuse this sandbox" % (len(receipt["survivors"]), ", ".join(
-                      str(s["pid"]) for s in receipt["survivors"][:10])))
+    status = receipt["exit_status"]
     if receipt_path is not None:
         try:
             write_receipt(receipt, receipt_path)
         except OSError as e:
             _complain("--receipt: cannot write %s: %s" % (receipt_path, e.strerror or e))
-            return EXIT_FAILURE
-    return receipt["exit_status"]
+            status = EXIT_FAILURE
+    if receipt["error"]:
+        _complain(receipt["error"])
+    if not receipt["cleanup_confirmed"] and not run.failed:
+        _complain("cleanup not confirmed: %d process(es) still alive (%s); do not "
+                  "reuse this sandbox" % (len(receipt["survivors"]), ", ".join(
+                      str(s["pid"]) for s in receipt["survivors"][:10])))
+    return status
 
 
 def _exit(status):

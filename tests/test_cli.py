@@ -158,9 +158,9 @@ def test_refuses_a_proc_of_another_pid_namespace(sandbox):
     ("90", 90.0), ("1.5", 1.5), ("10m", 600.0), ("2h", 7200.0), ("1d", 86400.0),
     ("0.25s", 0.25), ("1e3", 1000.0), (".5", 0.5), ("+7", 7.0), ("1e300", 1e300),
 ])
-def test_durations_read_as_timeout_reads_them(any_python, sandbox, text, seconds):
+def test_durations_read_as_timeout_reads_them(sandbox, text, seconds):
     args = good(sandbox, **{"--timeout": text, "--cleanup-timeout": text})
-    result = run_supervisor(*args, python=any_python)
+    result = run_supervisor(*args)
     assert result.returncode == 0, result.stderr
     receipt = read_receipt(sandbox["receipt"])
     assert receipt["timeout_s"] == seconds and receipt["cleanup_timeout_s"] == seconds
@@ -169,7 +169,7 @@ def test_durations_read_as_timeout_reads_them(any_python, sandbox, text, seconds
 @given(st.floats(min_value=1e-6, max_value=1e12), st.sampled_from(["", "s", "m", "h", "d"]))
 def test_parse_duration_accepts_every_positive_number(value, unit):
     parsed = supervisor.parse_duration(repr(value) + unit)
-    assert math.isclose(parsed, value * supervisor.DURATION_UNITS.get(unit, 1))
+    assert math.isclose(parsed, value * supervisor._DURATION_UNITS.get(unit, 1))
 
 
 @given(st.text())
@@ -182,22 +182,22 @@ def test_parse_duration_accepts_only_positive_finite_values(text):
         assert 0 < value < float("inf")
 
 
-def test_huge_timeout_does_not_overflow_a_wait(any_python, sandbox):
+def test_huge_timeout_does_not_overflow_a_wait(sandbox):
     args = good(sandbox, **{"--timeout": "1e300", "--cleanup-timeout": "1e300"})
     args[-2:] = ["sh", "-c", "sleep 0.2; exit 4"]
-    result = run_supervisor(*args, python=any_python)
+    result = run_supervisor(*args)
     assert result.returncode == 4, result.stderr
 
 
 # --- Help, version, receipt encoding -----------------------------------------------------------
 
-def test_help(any_python):
-    result = run_supervisor("--help", python=any_python)
+def test_help():
+    result = run_supervisor("--help")
     assert result.returncode == 0 and "--timeout SECONDS" in result.stdout
 
 
-def test_version(any_python):
-    result = run_supervisor("--version", python=any_python)
+def test_version():
+    result = run_supervisor("--version")
     assert result.returncode == 0
     assert result.stdout == "supervisor.py %s\n" % supervisor.__version__
 

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from conftest import (
-    IS_ROOT, PY, alive, descendants, finish, kill_pinned, proc_stat, read_lines_until,
+    IS_ROOT, PY, alive, descendants, finish, inotify_watches, kill_pinned, proc_stat,
+    read_lines_until,
     read_receipt, run_supervisor, start_supervisor, start_tree, wait_until,
 )
 
@@ -28,8 +29,8 @@ RECEIPT_TYPES = {
     "started_at": str, "ended_at": str, "duration_s": float, "timeout_s": float,
     "cleanup_timeout_s": float, "stop_reason": str, "signal": (str, type(None)),
     "timed_out": bool, "return_code": (int, type(None)), "exit_status": int,
-    "cleanup_confirmed": bool, "cleanup_s": float, "ladder": list, "preserved": list,
-    "survivors": list, "error": (str, type(None)),
+    "cleanup_confirmed": bool, "cleanup_s": float, "ladder": list, "containment": str,
+    "preserved": list, "survivors": list, "error": (str, type(None)),
 }
 
 
@@ -41,8 +42,8 @@ RECEIPT_TYPES = {
     ("kill -9 $$", 137, -9),
     ("kill -TERM $$", 143, -15),
 ])
-def test_command_status_passes_through(any_python, paths, script, status, return_code):
-    result = run_supervisor(*paths.options() + ["--", "sh", "-c", script], python=any_python)
+def test_command_status_passes_through(paths, script, status, return_code):
+    result = run_supervisor(*paths.options() + ["--", "sh", "-c", script])
     assert result.returncode == status, result.stderr
     receipt = read_receipt(paths.receipt)
     assert receipt["stop_reason"] == "exit"
@@ -52,8 +53,8 @@ def test_command_status_passes_through(any_python, paths, script, status, return
     assert receipt["cleanup_confirmed"] is True
 
 
-def test_deadline_stops_the_run(any_python, paths):
-    result = run_supervisor(*paths.options(timeout=0.5) + ["--", "sleep", "30"], python=any_python)
+def test_deadline_stops_the_run(paths):
+    result = run_supervisor(*paths.options(timeout=0.5) + ["--", "sleep", "30"])
     assert result.returncode == 124, result.stderr
     receipt = read_receipt(paths.receipt)
     assert receipt["stop_reason"] == "timeout" and receipt["timed_out"] is True
@@ -62,9 +63,9 @@ def test_deadline_stops_the_run(any_python, paths):
     assert 0.5 <= receipt["duration_s"] < 10
 
 
-def test_stop_file_stops_the_run(any_python, paths):
+def test_stop_file_stops_the_run(paths):
     proc = start_supervisor(*paths.options(stop=True) + [
-        "--", "sh", "-c", "echo started; exec sleep 30"], python=any_python)
+        "--", "sh", "-c", "echo started; exec sleep 30"])
     read_lines_until(proc.stdout, "started")
     paths.stop.write_text("")
     status, _, err = finish(proc)
@@ -111,7 +112,8 @@ def test_stop_file_in_a_directory_replaced_during_the_run(tmp_path, paths):
     spare.mkdir()
     os.rename(str(control), str(tmp_path / "old-control"))
     os.rename(str(spare), str(control))
-    time.sleep(0.2)  # the supervisor has seen the renames
+    new_inode = os.stat(str(control)).st_ino
+    assert wait_until(lambda: new_inode in inotify_watches(proc.pid))  # watched anew
     created = time.monotonic()
     paths.stop.write_text("")
     status, _, err = finish(proc)
@@ -119,10 +121,10 @@ def test_stop_file_in_a_directory_replaced_during_the_run(tmp_path, paths):
     assert time.monotonic() - created < 1.0  # inotify, not the safety check
 
 
-def test_stop_file_present_at_start_means_never_started(any_python, paths):
+def test_stop_file_present_at_start_means_never_started(paths):
     paths.stop.write_text("")
     marker = paths.work / "ran"
-    result = run_supervisor(*paths.options(stop=True) + ["--", "touch", marker], python=any_python)
+    result = run_supervisor(*paths.options(stop=True) + ["--", "touch", marker])
     assert result.returncode == 124, result.stderr
     assert not marker.exists()
     receipt = read_receipt(paths.receipt)
@@ -132,9 +134,9 @@ def test_stop_file_present_at_start_means_never_started(any_python, paths):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_stop_signal_to_the_supervisor(any_python, paths, sig):
+def test_stop_signal_to_the_supervisor(paths, sig):
     proc = start_supervisor(*paths.options() + [
-        "--", "sh", "-c", "echo started; exec sleep 30"], python=any_python)
+        "--", "sh", "-c", "echo started; exec sleep 30"])
     read_lines_until(proc.stdout, "started")
     proc.send_signal(sig)
     status, _, err = finish(proc)
@@ -146,8 +148,8 @@ def test_stop_signal_to_the_supervisor(any_python, paths, sig):
     assert receipt["cleanup_confirmed"] is True
 
 
-def test_command_not_found_is_127(any_python, paths):
-    result = run_supervisor(*paths.options() + ["--", "no-such-command-here"], python=any_python)
+def test_command_not_found_is_127(paths):
+    result = run_supervisor(*paths.options() + ["--", "no-such-command-here"])
     assert result.returncode == 127
     assert "no-such-command-here" in result.stderr and len(result.stderr.splitlines()) == 1
     receipt = read_receipt(paths.receipt)
@@ -156,10 +158,10 @@ def test_command_not_found_is_127(any_python, paths):
     assert receipt["exit_status"] == 127 and receipt["cleanup_confirmed"] is True
 
 
-def test_command_not_executable_is_126(any_python, paths):
+def test_command_not_executable_is_126(paths):
     script = paths.work / "not-executable"
     script.write_text("#!/bin/sh\nexit 0\n")
-    result = run_supervisor(*paths.options() + ["--", script], python=any_python)
+    result = run_supervisor(*paths.options() + ["--", script])
     assert result.returncode == 126
     assert "Permission denied" in read_receipt(paths.receipt)["error"]
 
@@ -182,9 +184,9 @@ def test_stdio_and_environment_pass_through(paths):
 
 # --- Natural exit: drain the group, keep the rest ---------------------------------------------
 
-def test_natural_exit_drains_a_background_member(any_python, paths):
+def test_natural_exit_drains_a_background_member(paths):
     result = run_supervisor(*paths.options() + [
-        "--", "sh", "-c", "sleep 300 & echo $!; exit 0"], python=any_python)
+        "--", "sh", "-c", "sleep 300 & echo $!; exit 0"])
     assert result.returncode == 0, result.stderr
     background = int(result.stdout.split()[0])
     assert not alive(background)
@@ -246,11 +248,11 @@ def stop_tree(spec, paths, cleanup=2, **kwargs):
     return status, nodes, err
 
 
-def test_forced_stop_keeps_a_detached_service(any_python, paths):
+def test_forced_stop_keeps_a_detached_service(paths):
     spec = {"name": "cmd", "children": [
         {"name": "service", "detach": True, "session": True, "children": [{"name": "worker"}]},
         {"name": "member"}]}
-    status, nodes, err = stop_tree(spec, paths, python=any_python)
+    status, nodes, err = stop_tree(spec, paths)
     try:
         assert status == 124, err
         assert alive(nodes["service"]) and alive(nodes["worker"])
@@ -263,10 +265,10 @@ def test_forced_stop_keeps_a_detached_service(any_python, paths):
         kill_all([nodes["service"], nodes["worker"]])
 
 
-def test_forced_stop_drains_a_tool_in_another_session(any_python, paths):
+def test_forced_stop_drains_a_tool_in_another_session(paths):
     spec = {"name": "cmd", "children": [
         {"name": "tool", "session": True, "children": [{"name": "helper", "group": True}]}]}
-    status, nodes, err = stop_tree(spec, paths, python=any_python)
+    status, nodes, err = stop_tree(spec, paths)
     assert status == 124, err
     assert not any(alive(pid) for pid in nodes.values())
     receipt = read_receipt(paths.receipt)
@@ -314,21 +316,22 @@ def test_forced_stop_drains_a_fork_storm(paths):
 
 
 LEAVER = r"""
-import os, signal, sys, time
+import os, signal
+read_end, write_end = os.pipe()
 child = os.fork()
 if child == 0:
     os.setpgid(0, 0)
+    os.write(write_end, b"x")
     signal.pause()
-time.sleep(0.1)
+os.read(read_end, 1)  # the child leads its own group now
 os.setpgid(0, child)  # the command moves itself into its child's group
 print("moved", flush=True)
 signal.pause()
 """
 
 
-def test_a_command_that_leaves_its_group_is_still_stopped_and_never_kept(any_python, paths):
-    proc = start_supervisor(*paths.options(cleanup=0.5, stop=True) + ["--", PY, "-c", LEAVER],
-                            python=any_python)
+def test_a_command_that_leaves_its_group_is_still_stopped_and_never_kept(paths):
+    proc = start_supervisor(*paths.options(cleanup=0.5, stop=True) + ["--", PY, "-c", LEAVER])
     read_lines_until(proc.stdout, "moved")
     tree = [proc_stat(p) and p for p in descendants(proc.pid)]
     paths.stop.write_text("")
@@ -366,19 +369,15 @@ def test_undecodable_arguments_are_replaced_in_the_receipt(paths):
 
 
 def test_adopted_orphans_leave_no_zombies_during_a_run(paths):
-    script = "for i in 1 2 3 4 5 6 7 8 9 10; do (sleep 0.05 &); done; echo spawned; exec sleep 30"
+    script = ("for i in 1 2 3 4 5 6 7 8 9 10; do (sleep 0.05 & echo orphan $!); done; "
+              "echo spawned; exec sleep 30")
     proc = start_supervisor(*paths.options() + ["--", "sh", "-c", script])
-    read_lines_until(proc.stdout, "spawned")
-
-    def orphans():
-        states = [proc_stat(pid) for pid in descendants(proc.pid)]
-        return [s for s in states if s and s[1] == proc.pid and s[0] != "Z" and s[4]]
-
-    def zombies():
-        return [pid for pid in descendants(proc.pid) if (proc_stat(pid) or "Z")[0] == "Z"]
-
-    time.sleep(0.3)  # the orphans (sleep 0.05) have exited
-    assert wait_until(lambda: not zombies(), timeout=5), zombies()
+    orphans = [int(line.split()[1]) for line in read_lines_until(proc.stdout, "spawned")
+               if line.startswith("orphan")]
+    assert len(orphans) == 10
+    # Each orphan is adopted, exits, and must then be reaped: gone from /proc.
+    assert wait_until(lambda: all(proc_stat(pid) is None for pid in orphans), timeout=10), \
+        [proc_stat(pid) for pid in orphans]
     proc.send_signal(signal.SIGTERM)
     status, _, err = finish(proc)
     assert status == 143, err
@@ -386,8 +385,8 @@ def test_adopted_orphans_leave_no_zombies_during_a_run(paths):
 
 # --- The receipt -------------------------------------------------------------------------------
 
-def test_receipt_has_every_key_with_its_type(any_python, paths):
-    result = run_supervisor(*paths.options() + ["--", "true"], python=any_python)
+def test_receipt_has_every_key_with_its_type(paths):
+    result = run_supervisor(*paths.options() + ["--", "true"])
     assert result.returncode == 0, result.stderr
     receipt = read_receipt(paths.receipt)
     assert set(receipt) == set(RECEIPT_TYPES)
@@ -484,34 +483,34 @@ def run_python(code, python=PY):
     return result.stdout
 
 
-def test_api_exec_timeout_and_constants(any_python):
+def test_api_exec_timeout_and_constants():
     out = run_python("import supervisor as s; print(s.exec_timeout(60), s.exec_timeout(60, 5), "
-                     "s.CLEANUP_PHASE_COUNT, s.DEFAULT_CLEANUP_TIMEOUT)", any_python)
+                     "s.CLEANUP_PHASE_COUNT, s.DEFAULT_CLEANUP_TIMEOUT)")
     assert out.split() == ["120.0", "105.0", "3", "10.0"]
 
 
-def test_api_supervise_returns_the_receipt(any_python, tmp_path):
+def test_api_supervise_returns_the_receipt(tmp_path):
     code = ("import json, supervisor as s\n"
             "r = s.supervise(['sh', '-c', 'exit 7'], 30, 2, workdir=%r)\n"
             "r2 = s.supervise(['sleep', '30'], 0.3, 1)\n"
             "print(json.dumps([r, r2]))\n" % str(tmp_path))
-    first, second = json.loads(run_python(code, any_python))
+    first, second = json.loads(run_python(code))
     assert first["exit_status"] == 7 and first["return_code"] == 7
     assert first["workdir"] == str(tmp_path)
     assert second["stop_reason"] == "timeout" and second["exit_status"] == 124
 
 
-def test_api_refuses_a_bad_argv_before_starting(any_python):
+def test_api_refuses_a_bad_argv_before_starting():
     code = ("import supervisor as s\n"
             "for argv in (['true', 'a\\0b'], ['true', 5], 'true', []):\n"
             "    try:\n"
             "        s.supervise(argv, 5)\n"
             "    except s.UsageError as e:\n"
             "        print('refused')\n")
-    assert run_python(code, any_python).split() == ["refused"] * 4
+    assert run_python(code).split() == ["refused"] * 4
 
 
-def test_api_import_has_no_side_effects(any_python):
+def test_api_import_has_no_side_effects():
     code = ("import ctypes, signal, sys\n"
             "libc = ctypes.CDLL(None)\n"
             "before = [signal.getsignal(s) for s in range(1, 32) if s not in (9, 19)]\n"
@@ -521,12 +520,12 @@ def test_api_import_has_no_side_effects(any_python):
             "v = ctypes.c_int(-1); libc.prctl(37, ctypes.byref(v), 0, 0, 0)\n"
             "new = set(sys.modules) - loaded\n"
             "print(before == after, v.value, 'json' in new, 'typing' in new)\n")
-    assert run_python(code, any_python).split() == ["True", "0", "False", "False"]
+    assert run_python(code).split() == ["True", "0", "False", "False"]
 
 
-def test_api_cleanup_receipt_type(any_python):
+def test_api_cleanup_receipt_type():
     code = ("import sys, supervisor\n"
             "t = supervisor.CleanupReceipt\n"
             "print(sys.version_info >= (3, 8) and t.__annotations__['cleanup_confirmed'] is bool"
             " or t is dict)\n")
-    assert run_python(code, any_python).strip() == "True"
+    assert run_python(code).strip() == "True"

@@ -1,8 +1,8 @@
 """Where it runs: inherited signal state, every signal, a second stop signal,
 terminals, PID 1, odd parents, durations, closed stdio.
 
-Every test here that needs no terminal runs under each CPython on the machine
-(the any_python fixture)."""
+Every test here runs under the interpreter that runs pytest; test_pythons.py
+runs the version-dependent paths under every other CPython."""
 import fcntl
 import os
 import pty
@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import (
-    HELPERS, IS_ROOT, PY, SUPERVISOR, all_procs, alive, descendants, finish, kill_pinned,
+    HELPERS, IS_ROOT, PY, SUPERVISOR, alive, descendants, finish, kill_pinned,
     proc_stat, read_lines_until, read_receipt, run_supervisor, start_supervisor, start_tree,
     supervisor_cmd, tree_cmd, wait_until,
 )
@@ -47,25 +47,25 @@ def caller(blocked=(), ignored=()):
 
 # --- 1. Inherited signal state ------------------------------------------------------------------
 
-def test_command_gets_the_callers_mask_and_ignores_but_default_chld_pipe_xfsz(any_python, paths):
+def test_command_gets_the_callers_mask_and_ignores_but_default_chld_pipe_xfsz(paths):
     blocked = (signal.SIGUSR2, signal.SIGALRM, signal.SIGCHLD, signal.SIGTERM)
     ignored = (signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD)
     result = run_supervisor(*paths.options() + ["--", "grep", "-E", "^Sig(Blk|Ign)",
                                                 "/proc/self/status"],
-                            python=any_python, preexec_fn=caller(blocked, ignored))
+                            preexec_fn=caller(blocked, ignored))
     assert result.returncode == 0, result.stderr
     masks = sig_masks(result.stdout)
     assert masks["SigBlk"] == mask_of(signal.SIGUSR2, signal.SIGALRM, signal.SIGTERM)
     assert masks["SigIgn"] == mask_of(signal.SIGHUP, signal.SIGQUIT)
 
 
-def test_blocked_and_ignored_sigchld_in_the_caller_do_not_break_waits(any_python, paths):
+def test_blocked_and_ignored_sigchld_in_the_caller_do_not_break_waits(paths):
     prepare = caller(blocked=(signal.SIGCHLD, signal.SIGTERM), ignored=(signal.SIGCHLD,))
     result = run_supervisor(*paths.options() + ["--", "sh", "-c", "sleep 0.1 & wait; exit 6"],
-                            python=any_python, preexec_fn=prepare)
+                            preexec_fn=prepare)
     assert result.returncode == 6, result.stderr
     proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; exec sleep 30"],
-                            python=any_python, preexec_fn=prepare)
+                            preexec_fn=prepare)
     read_lines_until(proc.stdout, "started")
     proc.send_signal(signal.SIGTERM)  # blocked in the caller, unblocked by us
     status, _, err = finish(proc)
@@ -74,9 +74,9 @@ def test_blocked_and_ignored_sigchld_in_the_caller_do_not_break_waits(any_python
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
-def test_a_stop_signal_ignored_by_the_caller_stays_ignored(any_python, paths, sig):
+def test_a_stop_signal_ignored_by_the_caller_stays_ignored(paths, sig):
     proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; sleep 0.5; exit 9"],
-                            python=any_python, preexec_fn=caller(ignored=(sig,)))
+                            preexec_fn=caller(ignored=(sig,)))
     read_lines_until(proc.stdout, "started")
     proc.send_signal(sig)
     status, _, err = finish(proc)
@@ -84,10 +84,10 @@ def test_a_stop_signal_ignored_by_the_caller_stays_ignored(any_python, paths, si
     assert read_receipt(paths.receipt)["stop_reason"] == "exit"
 
 
-def test_sigpipe_kills_the_writer_of_a_closed_pipe_inside_the_command(any_python, paths):
+def test_sigpipe_kills_the_writer_of_a_closed_pipe_inside_the_command(paths):
     script = 'yes | head -n 1 >/dev/null; echo "yes: ${PIPESTATUS[0]}"'
     result = run_supervisor(*paths.options() + ["--", "bash", "-c", script],
-                            python=any_python, preexec_fn=caller(ignored=(signal.SIGPIPE,)))
+                            preexec_fn=caller(ignored=(signal.SIGPIPE,)))
     assert result.returncode == 0
     assert result.stdout == "yes: %d\n" % (128 + signal.SIGPIPE)
     assert result.stderr == ""  # no "Broken pipe" from yes
@@ -99,12 +99,16 @@ FATAL = ["SIGQUIT", "SIGALRM", "SIGVTALRM", "SIGXCPU", "SIGXFSZ", "SIGPROF", "SI
          "SIGPWR", "SIGSYS", "SIGSTKFLT"]
 
 
-@pytest.mark.parametrize("name", FATAL + ["SIGRTMIN", "SIGRTMIN+5", "SIGRTMAX"])
-def test_every_other_fatal_signal_is_a_forced_stop(any_python, paths, name):
+def signal_number(name):
+    """SIGRTMIN+5 and friends; Python names SIGSTKFLT (16) only from 3.11."""
     base, _, offset = name.partition("+")
-    number = getattr(signal, base) + int(offset or 0)
-    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; exec sleep 30"],
-                            python=any_python)
+    return (getattr(signal, base, None) or {"SIGSTKFLT": 16}[base]) + int(offset or 0)
+
+
+@pytest.mark.parametrize("name", FATAL + ["SIGRTMIN", "SIGRTMIN+5", "SIGRTMAX"])
+def test_every_other_fatal_signal_is_a_forced_stop(paths, name):
+    number = signal_number(name)
+    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; exec sleep 30"])
     read_lines_until(proc.stdout, "started")
     proc.send_signal(number)
     status, _, err = finish(proc)
@@ -115,8 +119,8 @@ def test_every_other_fatal_signal_is_a_forced_stop(any_python, paths, name):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH])
-def test_usr1_usr2_winch_are_forwarded_to_the_group(any_python, paths, sig):
-    proc = start_supervisor(*paths.options() + ["--"] + CATCHER, python=any_python)
+def test_usr1_usr2_winch_are_forwarded_to_the_group(paths, sig):
+    proc = start_supervisor(*paths.options() + ["--"] + CATCHER)
     read_lines_until(proc.stdout, "ready")
     proc.send_signal(sig)
     read_lines_until(proc.stdout, "GOT " + signal.Signals(sig).name)
@@ -125,9 +129,8 @@ def test_usr1_usr2_winch_are_forwarded_to_the_group(any_python, paths, sig):
     assert status == 143, err
 
 
-def test_sigpipe_to_the_supervisor_is_ignored(any_python, paths):
-    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; sleep 0.5; exit 2"],
-                            python=any_python)
+def test_sigpipe_to_the_supervisor_is_ignored(paths):
+    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; sleep 0.5; exit 2"])
     read_lines_until(proc.stdout, "started")
     proc.send_signal(signal.SIGPIPE)
     status, _, err = finish(proc)
@@ -136,11 +139,11 @@ def test_sigpipe_to_the_supervisor_is_ignored(any_python, paths):
 
 # --- 3. A second stop signal ----------------------------------------------------------------
 
-def test_a_second_stop_signal_skips_the_grace(any_python, paths):
-    spec = {"name": "cmd", "ignore_term": True, "children": [{"name": "m", "ignore_term": True}]}
-    proc, nodes = start_tree(spec, *paths.options(cleanup=60), python=any_python)
+def test_a_second_stop_signal_skips_the_grace(paths):
+    spec = {"name": "cmd", "report_term": True, "children": [{"name": "m", "ignore_term": True}]}
+    proc, nodes = start_tree(spec, *paths.options(cleanup=60))
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    read_lines_until(proc.stdout, "TERM cmd")  # the grace has begun
     proc.send_signal(signal.SIGINT)
     status, _, err = finish(proc)
     assert status == 143, err  # the first signal decides
@@ -152,12 +155,11 @@ def test_a_second_stop_signal_skips_the_grace(any_python, paths):
     assert not any(alive(pid) for pid in nodes.values())
 
 
-def test_a_stop_signal_after_a_natural_exit_only_hurries_the_drain(any_python, paths):
+def test_a_stop_signal_after_a_natural_exit_only_hurries_the_drain(paths):
     spec = {"name": "cmd", "exit_early": True, "exit_code": 3,
-            "children": [{"name": "m", "ignore_term": True}]}
-    proc, nodes = start_tree(spec, *paths.options(cleanup=60), python=any_python)
-    assert wait_until(lambda: not alive(nodes["cmd"]))
-    time.sleep(0.2)  # the grace has begun
+            "children": [{"name": "m", "report_term": True}]}
+    proc, nodes = start_tree(spec, *paths.options(cleanup=60))
+    read_lines_until(proc.stdout, "TERM m")  # the command exited, and the grace has begun
     proc.send_signal(signal.SIGTERM)
     status, _, err = finish(proc)
     assert status == 3, err
@@ -167,8 +169,10 @@ def test_a_stop_signal_after_a_natural_exit_only_hurries_the_drain(any_python, p
     assert not alive(nodes["m"])
 
 
-def test_sigtstp_suspends_the_run_and_sigcont_resumes_it(any_python, paths):
-    proc = start_supervisor(*paths.options() + ["--"] + CATCHER, python=any_python)
+def test_sigtstp_suspends_the_run_and_sigcont_resumes_it(paths):
+    # A process group of its own, below pytest: never orphaned, whatever group
+    # pytest runs in (the kernel drops SIGTSTP in an orphaned group).
+    proc = start_supervisor(*paths.options() + ["--"] + CATCHER, preexec_fn=lambda: os.setpgid(0, 0))
     read_lines_until(proc.stdout, "ready")
     command = [p for p in descendants(proc.pid) if proc_stat(p)[1] == proc.pid][0]
     proc.send_signal(signal.SIGTSTP)
@@ -279,14 +283,13 @@ def test_ctrl_z_suspends_the_run_and_fg_resumes_it(paths):
 
 # --- 5. PID 1 ----------------------------------------------------------------------------------
 
-def test_as_pid_1_of_a_pid_namespace(any_python, paths):
+def test_as_pid_1_of_a_pid_namespace(paths):
     if not IS_ROOT:
         pytest.skip("needs root for unshare --pid")
     script = ("(sleep 0.1 &); (sleep 0.1 &); setsid sh -c 'sleep 300' & "
               "sleep 0.5; echo started; exec sleep 30")
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc"]
-                            + supervisor_cmd(*paths.options() + ["--", "sh", "-c", script],
-                                             python=any_python),
+                            + supervisor_cmd(*paths.options() + ["--", "sh", "-c", script]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     read_lines_until(proc.stdout, "started")
     supervisor = descendants(proc.pid)
@@ -305,14 +308,12 @@ def test_as_pid_1_of_a_pid_namespace(any_python, paths):
 
 # --- 6. Odd parents ----------------------------------------------------------------------------
 
-def test_nested_supervisors_an_outer_deadline_stops_the_inner_cleanly(any_python, paths, tmp_path):
+def test_nested_supervisors_an_outer_deadline_stops_the_inner_cleanly(paths, tmp_path):
     inner_receipt = tmp_path / "inner.json"
     inner = supervisor_cmd("--timeout", 60, "--cleanup-timeout", 1, "--receipt", inner_receipt,
                            "--workdir", paths.work, "--", *tree_cmd(
-                               {"name": "cmd", "children": [{"name": "tool", "session": True}]}),
-                           python=any_python)
-    proc = start_supervisor(*paths.options(timeout=2, cleanup=5) + ["--"] + inner,
-                            python=any_python)
+                               {"name": "cmd", "children": [{"name": "tool", "session": True}]}))
+    proc = start_supervisor(*paths.options(timeout=2, cleanup=5) + ["--"] + inner)
     lines = read_lines_until(proc.stdout, "READY")
     status, _, err = finish(proc)
     assert status == 124, err
@@ -324,14 +325,13 @@ def test_nested_supervisors_an_outer_deadline_stops_the_inner_cleanly(any_python
     assert not any(alive(pid) for pid in pids)
 
 
-def test_nested_supervisors_the_outer_drains_what_a_killed_inner_left(any_python, paths, tmp_path):
+def test_nested_supervisors_the_outer_drains_what_a_killed_inner_left(paths, tmp_path):
     spec = {"name": "cmd", "ignore_term": True, "children": [
         {"name": "a", "ignore_term": True}, {"name": "b", "session": True, "ignore_term": True}]}
     inner = supervisor_cmd("--timeout", 60, "--cleanup-timeout", 30, "--receipt",
                            tmp_path / "inner.json", "--workdir", paths.work, "--",
-                           *tree_cmd(spec), python=any_python)
-    proc = start_supervisor(*paths.options(timeout=2, cleanup=0.5) + ["--"] + inner,
-                            python=any_python)
+                           *tree_cmd(spec))
+    proc = start_supervisor(*paths.options(timeout=2, cleanup=0.5) + ["--"] + inner)
     lines = read_lines_until(proc.stdout, "READY")
     status, _, err = finish(proc)
     assert status == 124, err
@@ -344,9 +344,9 @@ def test_nested_supervisors_the_outer_drains_what_a_killed_inner_left(any_python
     assert not any(alive(pid) for pid in pids)
 
 
-def test_new_session_survives_a_kill_of_the_callers_group(any_python, paths):
+def test_new_session_survives_a_kill_of_the_callers_group(paths):
     spec = {"name": "cmd", "children": [{"name": "m"}, {"name": "t", "session": True}]}
-    proc, nodes = start_tree(spec, "--new-session", *paths.options(), python=any_python,
+    proc, nodes = start_tree(spec, "--new-session", *paths.options(),
                              start_new_session=True)
     os.killpg(proc.pid, signal.SIGKILL)  # what some exec launchers do on cancel
     proc.wait()
@@ -357,10 +357,10 @@ def test_new_session_survives_a_kill_of_the_callers_group(any_python, paths):
     assert wait_until(lambda: not any(alive(pid) for pid in nodes.values()))
 
 
-def test_new_session_stops_when_the_relay_dies_even_with_sigterm_ignored(any_python, paths):
+def test_new_session_stops_when_the_relay_dies_even_with_sigterm_ignored(paths):
     script = "grep SigIgn /proc/$$/status; echo ready; exec sleep 30"
     proc = start_supervisor("--new-session", *paths.options() + ["--", "sh", "-c", script],
-                            python=any_python, start_new_session=True,
+                            start_new_session=True,
                             preexec_fn=caller(ignored=(signal.SIGTERM,)))
     lines = read_lines_until(proc.stdout, "ready")
     os.killpg(proc.pid, signal.SIGKILL)
@@ -373,10 +373,9 @@ def test_new_session_stops_when_the_relay_dies_even_with_sigterm_ignored(any_pyt
     assert ignored & mask_of(signal.SIGTERM)  # the command still had it ignored
 
 
-def test_new_session_relays_signals_and_the_exit_status(any_python, paths):
+def test_new_session_relays_signals_and_the_exit_status(paths):
     proc = start_supervisor("--new-session", *paths.options() + ["--", "sh", "-c",
-                            "echo sid=$(cut -d' ' -f6 /proc/$$/stat); echo ready; exec sleep 30"],
-                            python=any_python)
+                            "echo sid=$(cut -d' ' -f6 /proc/$$/stat); echo ready; exec sleep 30"])
     line = [l for l in read_lines_until(proc.stdout, "ready") if l.startswith("sid=")][0]
     sid = int(line.split("=")[1])
     assert sid != os.getsid(0) and sid != proc.pid  # its own session, led by the inner one
@@ -384,13 +383,12 @@ def test_new_session_relays_signals_and_the_exit_status(any_python, paths):
     status, _, err = finish(proc)
     assert status == 130, err
     assert read_receipt(paths.receipt)["signal"] == "SIGINT"
-    assert run_supervisor("--new-session", *paths.options() + ["--", "sh", "-c", "exit 5"],
-                          python=any_python).returncode == 5
+    assert run_supervisor("--new-session", *paths.options() + ["--", "sh", "-c", "exit 5"]).returncode == 5
 
 
-def test_a_supervisor_killed_with_sigkill_leaves_no_receipt(any_python, paths):
+def test_a_supervisor_killed_with_sigkill_leaves_no_receipt(paths):
     spec = {"name": "cmd", "children": [{"name": "m"}]}
-    proc, nodes = start_tree(spec, *paths.options(), python=any_python)
+    proc, nodes = start_tree(spec, *paths.options())
     proc.kill()
     proc.wait()
     try:
@@ -402,9 +400,9 @@ def test_a_supervisor_killed_with_sigkill_leaves_no_receipt(any_python, paths):
         wait_until(lambda: not any(alive(pid) for pid in nodes.values()))
 
 
-def test_children_inherited_from_before_exec_are_never_touched(any_python, paths):
+def test_children_inherited_from_before_exec_are_never_touched(paths):
     inner = " ".join(supervisor_cmd(*paths.options(timeout=10) + [
-        "--", "sh", "-c", "'sleep 0.2; exit 0'"], python=any_python))
+        "--", "sh", "-c", "'sleep 0.2; exit 0'"]))
     script = "sleep 300 >/dev/null 2>&1 & echo inherited=$!; sleep 0.05 & exec %s" % inner
     result = subprocess.run(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             universal_newlines=True, timeout=60)
@@ -414,7 +412,7 @@ def test_children_inherited_from_before_exec_are_never_touched(any_python, paths
         assert alive(inherited)
         assert read_receipt(paths.receipt)["preserved"] == []
         forced = "sleep 300 >/dev/null 2>&1 & echo inherited=$!; exec %s" % " ".join(supervisor_cmd(
-            *paths.options(timeout=0.3) + ["--", "sleep", "30"], python=any_python))
+            *paths.options(timeout=0.3) + ["--", "sleep", "30"]))
         result = subprocess.run(["sh", "-c", forced], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
         second = int(result.stdout.split("=")[1])
@@ -428,7 +426,7 @@ def test_children_inherited_from_before_exec_are_never_touched(any_python, paths
 
 # --- 8. Closed or broken stdio -----------------------------------------------------------------
 
-def test_closed_stdio_is_passed_on_closed_and_does_not_stop_the_run(any_python, paths):
+def test_closed_stdio_is_passed_on_closed_and_does_not_stop_the_run(paths):
     probe = ("import os\n"
              "state = []\n"
              "for fd in (0, 1, 2):\n"
@@ -442,27 +440,23 @@ def test_closed_stdio_is_passed_on_closed_and_does_not_stop_the_run(any_python, 
         for fd in (0, 1, 2):
             os.close(fd)
 
-    result = subprocess.run(supervisor_cmd(*paths.options() + ["--", PY, "-c", probe],
-                                           python=any_python),
+    result = subprocess.run(supervisor_cmd(*paths.options() + ["--", PY, "-c", probe]),
                             preexec_fn=close_stdio, timeout=60)
     assert result.returncode == 0
     assert (paths.work / "fds").read_text() == "closed closed closed"
     assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
-    result = subprocess.run(supervisor_cmd(*paths.options(timeout=0.3) + ["--", "nope-not-here"],
-                                           python=any_python),
+    result = subprocess.run(supervisor_cmd(*paths.options(timeout=0.3) + ["--", "nope-not-here"]),
                             preexec_fn=close_stdio, timeout=60)
     assert result.returncode == 127
 
 
-def test_a_broken_stderr_pipe_does_not_change_the_outcome(any_python, paths):
+def test_a_broken_stderr_pipe_does_not_change_the_outcome(paths):
     read_end, write_end = os.pipe()
     os.close(read_end)  # whoever read our stderr is gone
     try:
-        result = subprocess.run(supervisor_cmd(*paths.options() + ["--", "nope-not-here"],
-                                               python=any_python), stderr=write_end, timeout=60)
+        result = subprocess.run(supervisor_cmd(*paths.options() + ["--", "nope-not-here"]), stderr=write_end, timeout=60)
         assert result.returncode == 127
-        result = subprocess.run(supervisor_cmd(*paths.options(timeout=0.3) + ["--", "sleep", "30"],
-                                               python=any_python), stderr=write_end, timeout=60)
+        result = subprocess.run(supervisor_cmd(*paths.options(timeout=0.3) + ["--", "sleep", "30"]), stderr=write_end, timeout=60)
         assert result.returncode == 124
     finally:
         os.close(write_end)

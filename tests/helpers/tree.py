@@ -4,8 +4,9 @@
 
 SPEC is a node: {"name": str, "session": bool, "group": bool,
 "ignore_term": bool, "detach": bool, "exit_early": bool, "exit_code": int,
-"stop_self": bool, "children": [nodes]}.
+"stop_self": bool, "report_term": bool, "children": [nodes]}.
 session: setsid(); group: setpgid(0, 0); ignore_term: SIGTERM ignored;
+report_term: SIGTERM caught, "TERM name" printed, and the node lives on;
 detach: started through an intermediate process that exits at once, so the
 node is adopted by the nearest subreaper; exit_early: exits once its
 subtree is built, so its children are adopted (the root: the command exits
@@ -27,7 +28,11 @@ def build(node, report_fd):
         os.setsid()
     elif node.get("group"):
         os.setpgid(0, 0)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN if node.get("ignore_term") else signal.SIG_DFL)
+    if node.get("report_term"):
+        line = ("TERM %s\n" % node["name"]).encode()
+        signal.signal(signal.SIGTERM, lambda signum, frame: os.write(1, line))
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if node.get("ignore_term") else signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, reap)
     for child in node.get("children", []):
         read_end, write_end = os.pipe()

@@ -1,0 +1,269 @@
+"""The run's state machine, its containment and its drain, tried as a hostile
+command would: late signals, a stop during the exec, zombie floods, a
+respawning storm, and both ways of finding the run's processes.
+
+Storms and floods run in a PID namespace of their own when root (ns_init.py
+is its PID 1 and reports what is left), so nothing they start can escape.
+"""
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import (
+    HELPERS, IS_ROOT, PY, SUPERVISOR, alive, descendants, finish, kill_pinned, proc_stat,
+    read_lines_until, read_receipt, run_supervisor, start_supervisor, start_tree,
+    supervisor_cmd, wait_until,
+)
+
+RESPAWNER = [PY, os.path.join(HELPERS, "respawner.py")]
+NS_INIT = [PY, os.path.join(HELPERS, "ns_init.py")]
+
+
+def in_own_pid_namespace(argv):
+    """argv under a PID namespace of its own when root, else as it is."""
+    if IS_ROOT:
+        return ["unshare", "--pid", "--fork", "--mount-proc"] + NS_INIT + argv
+    return argv
+
+
+def left_in_namespace(out):
+    return [line for line in out.splitlines() if line.startswith("LEFT ")]
+
+
+def spam(pid, sig, until_exit, interval=0.0005):
+    """Send sig to pid every `interval` until until_exit() is true."""
+    def loop():
+        while not until_exit():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+            time.sleep(interval)
+    thread = threading.Thread(target=loop)
+    thread.start()
+    return thread
+
+
+# --- Signals after the run: the handlers stay until the receipt is on disk ---------------------
+
+@pytest.mark.parametrize("sig, command, status", [
+    (signal.SIGTERM, ["sh", "-c", "echo started; exec sleep 30"], 143),
+    (signal.SIGUSR1, ["sh", "-c", "trap '' USR1; echo started; sleep 0.3"], 0),
+])
+def test_signals_until_the_end_never_cost_the_receipt(paths, sig, command, status):
+    """A signal every 0.5 ms until the supervisor exits: the ones after the
+    cleanup (past what supervise() used to restore) must not kill it."""
+    proc = start_supervisor(*paths.options(cleanup=1) + ["--"] + command)
+    read_lines_until(proc.stdout, "started")
+    sender = spam(proc.pid, sig, lambda: proc.poll() is not None)
+    try:
+        code, _, err = finish(proc)
+    finally:
+        sender.join()
+    assert code == status, err
+    assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
+
+
+def test_a_second_ctrl_c_relayed_by_new_session_never_costs_the_receipt(paths):
+    proc = start_supervisor("--new-session", *paths.options(cleanup=1) + [
+        "--", "sh", "-c", "echo started; exec sleep 30"])
+    read_lines_until(proc.stdout, "started")
+    sender = spam(proc.pid, signal.SIGINT, lambda: proc.poll() is not None)
+    try:
+        code, _, err = finish(proc)
+    finally:
+        sender.join()
+    assert code == 130, err
+    assert wait_until(paths.receipt.exists)
+    assert read_receipt(paths.receipt)["signal"] == "SIGINT"
+
+
+# --- The exec report: its own state ----------------------------------------------------------------
+
+def slow_path_env():
+    """A PATH that execvp() searches for several milliseconds first, so a stop
+    decided 1 ms after the fork lands before the exec."""
+    dirs = ["/nonexistent/%d" % i for i in range(3000)]
+    return dict(os.environ, PATH=":".join(dirs + [os.environ.get("PATH", "/usr/bin:/bin")]))
+
+
+def block_sigterm():
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+
+
+def test_a_stop_during_the_exec_does_not_spin_through_the_grace(paths):
+    """The exec report's EOF arrives after the stop decision: once running has
+    ended the pipe leaves the wait set (it used to wake the loop at once, and
+    burn the whole grace at 100 % CPU)."""
+    proc = subprocess.Popen(supervisor_cmd(*paths.options(timeout=0.001, cleanup=1) + [
+        "--", "sleep", "3"]), env=slow_path_env(), preexec_fn=block_sigterm)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.WEXITSTATUS(status)
+    assert proc.returncode == 124
+    receipt = read_receipt(paths.receipt)
+    assert receipt["ladder"][0]["duration_s"] >= 0.9  # the whole grace was waited for
+    assert usage.ru_utime + usage.ru_stime < 0.5  # and not by spinning
+
+
+def test_an_exec_that_fails_after_the_stop_is_still_reported(paths):
+    """The report is read once the command has exited, before anything is
+    decided: a command that could not run says so, also after a stop."""
+    result = run_supervisor(*paths.options(timeout=0.001) + ["--", "no-such-command-here"],
+                            env=slow_path_env(), preexec_fn=block_sigterm)
+    assert result.returncode == 127, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert "cannot run 'no-such-command-here'" in receipt["error"]
+    assert receipt["pid"] is None and receipt["cleanup_confirmed"] is True
+
+
+# --- Reaping in every state --------------------------------------------------------------------
+
+def zombie_children(pid):
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            children = [int(word) for word in f.read().split()]
+    except OSError:
+        return 0
+    return sum(1 for child in children if (proc_stat(child) or ("Z",))[0] == "Z")
+
+
+def supervisor_below(pid):
+    """The supervisor's pid among pid and its descendants (as the host sees it)."""
+    for candidate in [pid] + descendants(pid):
+        try:
+            with open("/proc/%d/cmdline" % candidate, "rb") as f:
+                if SUPERVISOR.encode() in f.read().split(b"\0"):
+                    return candidate
+        except OSError:
+            pass
+    return None
+
+
+def test_zombies_never_pile_up_during_the_grace(paths):
+    """A daemon that re-forks every millisecond through a 2 s grace: each
+    generation exits as our zombie. They used to pile up until the drain
+    (2,300 in 3 s); now every SIGCHLD reaps them. And the drain then finds
+    the generation alive at that moment, wherever it is."""
+    argv = supervisor_cmd(*paths.options(timeout=0.3, cleanup=2) + [
+        "--"] + RESPAWNER + ["daemon", "0.001", "2500"])
+    proc = subprocess.Popen(in_own_pid_namespace(argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    read_lines_until(proc.stdout, "READY")
+    supervisor = supervisor_below(proc.pid)
+    peak = 0
+    while proc.poll() is None and supervisor is not None:
+        peak = max(peak, zombie_children(supervisor))
+        time.sleep(0.01)
+    status, out, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["exit_status"] == 124, err
+    assert receipt["cleanup_confirmed"] is True
+    assert receipt["ladder"][0]["duration_s"] >= 1.9  # the flood ran through the grace
+    assert supervisor is not None and peak <= 100, peak
+    assert left_in_namespace(out) == []
+
+
+# --- A drain no storm outruns ---------------------------------------------------------------------
+
+def test_a_respawning_storm_is_drained_within_the_bound(tmp_path, paths):
+    """255 processes, each in a session of its own, the 128 leaves replacing
+    themselves every 2 ms: gone and confirmed within timeout + 3 x cleanup
+    + 2 s, by the receipt and by what is left in the namespace."""
+    argv = supervisor_cmd(*paths.options(timeout=1, cleanup=2) + [
+        "--"] + RESPAWNER + ["tree", "8", "0.002", "4000"])
+    started = time.monotonic()
+    result = subprocess.run(in_own_pid_namespace(argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    elapsed = time.monotonic() - started
+    receipt = read_receipt(paths.receipt)
+    assert receipt["exit_status"] == 124, result.stderr
+    assert receipt["cleanup_confirmed"] is True and receipt["survivors"] == []
+    assert receipt["duration_s"] <= 1 + 3 * 2 + 2, receipt["ladder"]
+    assert elapsed <= 1 + 3 * 2 + 2 + 3, elapsed  # start-up and the storm's build-up
+    assert left_in_namespace(result.stdout) == []
+    if not IS_ROOT:
+        assert "READY 255" in result.stdout
+
+
+# --- Walk the run's tree, or scan: both ways find the same processes ---------------------------------
+
+@pytest.fixture(params=["children", "scan"])
+def containment(request, monkeypatch):
+    monkeypatch.setenv("SUPERVISOR_CONTAINMENT", request.param)
+    return request.param
+
+
+def test_the_default_containment_walks_the_tree_on_this_kernel(paths):
+    """This kernel lists children (cat /proc/$$/task/$$/children)."""
+    assert os.path.exists("/proc/%d/task/%d/children" % (os.getpid(), os.getpid()))
+    result = run_supervisor(*paths.options() + ["--", "true"])
+    assert result.returncode == 0, result.stderr
+    assert read_receipt(paths.receipt)["containment"] == "children"
+
+
+def test_both_containments_keep_services_and_drain_tools(paths, containment):
+    spec = {"name": "cmd", "children": [
+        {"name": "service", "detach": True, "session": True, "children": [{"name": "worker"}]},
+        {"name": "tool", "session": True, "children": [
+            {"name": "helper", "group": True, "ignore_term": True}]},
+        {"name": "member", "ignore_term": True}]}
+    proc, nodes = start_tree(spec, *paths.options(cleanup=0.5, stop=True))
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    try:
+        assert status == 124, err
+        receipt = read_receipt(paths.receipt)
+        assert receipt["containment"] == containment
+        assert receipt["cleanup_confirmed"] is True
+        assert [p["pid"] for p in receipt["preserved"]] == [nodes["service"]]
+        assert alive(nodes["service"]) and alive(nodes["worker"])
+        assert not any(alive(nodes[n]) for n in ("cmd", "tool", "helper", "member"))
+    finally:
+        for name in ("service", "worker"):
+            kill_pinned(nodes[name])
+        wait_until(lambda: not alive(nodes["service"]) and not alive(nodes["worker"]))
+
+
+def test_both_containments_drain_a_group_member_below_a_kept_service(paths, containment):
+    """At a natural exit a service is kept, but a member of the command's
+    group below it (the service left the group, its child did not) is the
+    run's: found below the service and drained."""
+    script = (
+        "import os, signal, sys\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"            # the service: still in the group, for now
+        "    if os.fork() == 0:\n"        # its child stays in the command's group
+        "        print('member', os.getpid(), flush=True); signal.pause()\n"
+        "    os.setsid()\n"               # the service leaves the group
+        "    print('service', os.getpid(), flush=True); os.write(w, b'x'); signal.pause()\n"
+        "os.read(r, 1)\n")
+    proc = start_supervisor(*paths.options(cleanup=0.5) + ["--", PY, "-c", script])
+    status, out, err = finish(proc)  # the kept service holds stdout open: no EOF
+    pids = dict(line.split() for line in out.split("\n") if line)
+    service, member = int(pids["service"]), int(pids["member"])
+    try:
+        assert status == 0, err
+        receipt = read_receipt(paths.receipt)
+        assert receipt["cleanup_confirmed"] is True and receipt["containment"] == containment
+        assert [p["pid"] for p in receipt["preserved"]] == [service]
+        assert alive(service) and not alive(member)
+    finally:
+        kill_pinned(service)
+        wait_until(lambda: not alive(service))
+
+
+def test_the_scan_containment_drains_a_storm_too(paths, monkeypatch):
+    monkeypatch.setenv("SUPERVISOR_CONTAINMENT", "scan")
+    argv = supervisor_cmd(*paths.options(timeout=0.5, cleanup=1) + [
+        "--"] + RESPAWNER + ["tree", "6", "0.002", "2000"])
+    result = subprocess.run(in_own_pid_namespace(argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["containment"] == "scan"
+    assert receipt["cleanup_confirmed"] is True, result.stderr
+    assert receipt["duration_s"] <= 0.5 + 3 * 1 + 2
+    assert left_in_namespace(result.stdout) == []
