@@ -60,9 +60,15 @@ EXEC_TIMEOUT_SLACK = 30.0
 # What a run may take beyond timeout + CLEANUP_PHASE_COUNT * cleanup_timeout:
 # the last SIGKILL pass and the confirming look, once the drain's budget is spent.
 _FINAL_PASS_LIMIT = 1.0
+# Passes over our own children that a kill walk makes first (see
+# _ProcTree._stop_own_children).
+_STOP_PASSES = 8
 # Once the command's zombie hides the others from waitid(), they are reaped
 # by the list of our children, a syscall each: at most this often.
 _REAP_LIST_INTERVAL = 0.01
+# At most this many zombies are reaped in one go before the caller's
+# deadlines are looked at again.
+_REAP_BATCH = 256
 # A drain round waits this long at most for what it killed before it walks the
 # tree again, so a process stuck in D state cannot hide new adoptions.
 _DRAIN_ROUND_LIMIT = 0.05
@@ -134,6 +140,9 @@ _SIGNAL_NAMES.setdefault(16, "SIGSTKFLT")
 _DEFAULTED_FOR_COMMAND = (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_PROC_SUPER_MAGIC = 0x9FA0
+_CAP_SETGID, _CAP_SETUID, _CAP_SYS_PTRACE, _CAP_SYS_NICE = 6, 7, 19, 23
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 # The generic syscall table numbers them alike on every architecture but alpha.
@@ -154,8 +163,9 @@ _INOTIFY_BLIND_FILESYSTEMS = frozenset((
     0x01161970,  # GFS2
     0x7461636F,  # OCFS2
 ))
-_IN_CREATE, _IN_MOVED_TO = 0x100, 0x80
+_IN_MOVED_FROM, _IN_MOVED_TO, _IN_CREATE, _IN_DELETE = 0x40, 0x80, 0x100, 0x200
 _IN_DELETE_SELF, _IN_MOVE_SELF, _IN_ONLYDIR = 0x400, 0x800, 0x01000000
+_IN_Q_OVERFLOW, _IN_IGNORED = 0x4000, 0x8000
 _IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 
 
@@ -185,7 +195,7 @@ def _define_receipt_type():
         "supervisor_pid": int, "started_at": str, "ended_at": str,
         "duration_s": float, "timeout_s": float, "cleanup_timeout_s": float,
         "stop_reason": str, "signal": Optional[str], "exit_status": int,
-        "cleanup_s": float, "ladder": list, "containment": str,
+        "cleanup_s": float, "ladder": list, "containment": str, "user": Optional[dict],
         "preserved": list, "survivors": list,
     }
     return TypedDict("CleanupReceipt", fields)
@@ -327,12 +337,33 @@ def _discard_pending(fd):
         pass
 
 
-def _filesystem_type(path):
-    """statfs(2) f_type of the filesystem holding path."""
+def _filesystem_type(path_or_fd):
+    """statfs(2) f_type of the filesystem holding a path, or an open fd."""
     libc = _libc()
     buf = libc.ctypes.create_string_buffer(256)  # struct statfs; f_type first
-    libc.call("statfs", os.fsencode(path), buf)
+    if isinstance(path_or_fd, int):
+        libc.call("fstatfs", path_or_fd, buf)
+    else:
+        libc.call("statfs", os.fsencode(path_or_fd), buf)
     return int.from_bytes(buf.raw[:libc.ctypes.sizeof(libc.ctypes.c_long)], sys.byteorder)
+
+
+def _has_capability(bit, fs=None):
+    """Is capability `bit` in our effective set (CapEff in /proc/self/status,
+    read through fs, our /proc descriptor, once there is one)? No when it
+    cannot be read."""
+    try:
+        if fs is not None:
+            status = fs.read("self/status") or b""
+        else:
+            with open("/proc/self/status", "rb") as f:
+                status = f.read()
+    except (OSError, ObservationError):
+        return False
+    for line in status.splitlines():
+        if line.startswith(b"CapEff:"):
+            return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
 
 
 def _signal_name(number):
@@ -351,6 +382,20 @@ def _return_code(waitid_result):
 
 def _now():
     return time.monotonic()
+
+
+# A resource that ran out, and the limit behind it.
+_LIMIT_HINTS = {errno.EMFILE: "ulimit -n", errno.ENFILE: "fs.file-max", errno.ENOMEM: "memory",
+                errno.ENOSPC: "disk space or inotify watches"}
+
+
+def _os_error_text(e, call=None):
+    """strerror, with the limit that ran out: 'Resource temporarily
+    unavailable (ulimit -u, pids.max)' for fork."""
+    hint = "ulimit -u, pids.max" if call == "fork" and e.errno == errno.EAGAIN else \
+        _LIMIT_HINTS.get(e.errno)
+    text = e.strerror or str(e)
+    return "%s (%s)" % (text, hint) if hint else text
 
 
 # --- /proc ------------------------------------------------------------------------------
@@ -387,7 +432,9 @@ class _ProcFS(object):
         except OSError as e:
             raise SupervisorError("/proc: %s; mount it (mount -t proc proc /proc)" % e.strerror)
         try:
+            self._check_procfs()
             self._check_namespace()
+            self._check_visibility()
         except BaseException:
             self.close()
             raise
@@ -395,6 +442,45 @@ class _ProcFS(object):
         # a look walks the run's tree; elsewhere it reads every process.
         me = os.getpid()
         self.has_children_files = self.read("%d/task/%d/children" % (me, me)) is not None
+
+    def _check_procfs(self):
+        try:
+            kind = _filesystem_type(self.fd)
+        except OSError as e:
+            raise SupervisorError("/proc: fstatfs: %s" % e.strerror)
+        if kind != _PROC_SUPER_MAGIC:
+            raise SupervisorError("/proc is not procfs (filesystem type 0x%x); mount it "
+                                  "(mount -t proc proc /proc)" % kind)
+
+    def _check_visibility(self):
+        """hidepid hides other users' processes from a supervisor that may not
+        ptrace them: it would never see them to drain them. (subset=pid hides
+        no process.)"""
+        options = self._mount_options()
+        hidden = options.get("hidepid", "0")
+        if hidden in ("0", "off") or _has_capability(_CAP_SYS_PTRACE, self):
+            return
+        group = options.get("gid")
+        if hidden in ("1", "2", "noaccess", "invisible") and group is not None and (
+                int(group) == os.getegid() or int(group) in os.getgroups()):
+            return
+        raise SupervisorError(
+            "/proc is mounted with hidepid=%s, which hides other users' processes from "
+            "this supervisor; mount it without hidepid, or run the supervisor as root"
+            % hidden)
+
+    def _mount_options(self):
+        """The super options of the mount our /proc descriptor is on (mountinfo)."""
+        st = os.fstat(self.fd)
+        device = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
+        options = {}
+        for line in (self.read("self/mountinfo") or b"").decode("utf-8", "replace").splitlines():
+            fields = line.split(" - ")
+            if len(fields) == 2 and line.split()[2] == device:
+                for option in fields[1].split()[-1].split(","):
+                    name, _, value = option.partition("=")
+                    options[name] = value
+        return options
 
     def _check_namespace(self):
         try:
@@ -428,7 +514,7 @@ class _ProcFS(object):
     def _gone_or_raise(e, path):
         if e.errno in (errno.ENOENT, errno.ESRCH):
             return None
-        raise ObservationError("cannot read /proc/%s: %s" % (path, e.strerror or e))
+        raise ObservationError("cannot read /proc/%s: %s" % (path, _os_error_text(e)))
 
     def stat(self, pid):
         """The process as /proc shows it now, or None when it is gone."""
@@ -477,6 +563,18 @@ class _ProcFS(object):
                 if proc is not None:
                     procs[proc.pid] = proc
         return procs
+
+    def autogroup_nice(self):
+        """The nice value of our session's autogroup, or None (no autogroups)."""
+        data = self.read("self/autogroup")
+        return int(data.split()[-1]) if data else None
+
+    def set_autogroup_nice(self, nice):
+        fd = os.open("self/autogroup", os.O_WRONLY | os.O_CLOEXEC, dir_fd=self.fd)
+        try:
+            os.write(fd, str(nice).encode())
+        finally:
+            os.close(fd)
 
     def open_fd_count(self):
         try:
@@ -605,6 +703,7 @@ class _ProcTree(object):
         self.pid = self.pgid = None
         self.kept = set()           # identities of the services kept running
         self.inherited = set()      # identities of the caller's processes
+        self.inherited_groups = set()  # their process groups: the caller's jobs
         self.pidfds = True          # until the kernel says otherwise
         self.saved_fd_limit = None  # our RLIMIT_NOFILE, while raised
 
@@ -617,9 +716,10 @@ class _ProcTree(object):
         self.pid = self.pgid = pid
 
     def note_inherited(self):
-        """Children we had before the command (a shell's jobs, before its exec)
-        and their descendants are the caller's: never signalled, never kept.
-        waitid() first, so that the usual case costs no look at all."""
+        """Children we had before the command (a shell's jobs, before its exec),
+        their descendants, and whatever is later adopted in their process
+        groups are the caller's: never signalled, never kept. waitid() first,
+        so that the usual case costs no look at all."""
         try:
             os.waitid(os.P_ALL, 0, os.WEXITED | os.WSTOPPED | os.WCONTINUED
                       | os.WNOHANG | os.WNOWAIT)
@@ -627,6 +727,12 @@ class _ProcTree(object):
             return
         walk = self._walk(_RUN, everything=True)
         self.inherited = set(p.identity for p in walk.found)
+        self.inherited_groups = set(p.pgid for p in walk.found if p.ppid == self.me)
+
+    def _is_inherited(self, proc):
+        """For our own children: the caller's, by identity or by job."""
+        return proc.identity in self.inherited or (
+            proc.pgid in self.inherited_groups and not self._in_group(proc))
 
     def detached(self, until=None):
         """Our live children outside the command's group, but never the
@@ -637,7 +743,7 @@ class _ProcTree(object):
                 break
             proc = self.fs.stat(pid)
             if (proc is not None and proc.live and proc.pgid != self.pgid
-                    and pid != self.pid and proc.identity not in self.inherited):
+                    and pid != self.pid and not self._is_inherited(proc)):
                 found.append(proc)
         return found
 
@@ -668,28 +774,34 @@ class _ProcTree(object):
         return walk
 
     def _stop_own_children(self, until):
-        """Reap our zombies and SIGSTOP every other child of ours that is not a
-        kept service or the caller's, before the walk looks at anything:
-        orphans that keep forking are adopted by us, and each of their
-        sessions gets as much CPU as we do (autogroups), so they must stop at
-        a syscall each, before any slower look. By pid: an unreaped child's
-        pid is its own, and a kept service is recognised by its pid (should
-        that pid be reused, the process is only left to the walk)."""
+        """SIGSTOP every child of ours that is not a kept service or the
+        caller's, before the walk looks at anything, then reap the zombies
+        among them. Orphans of a tree that keeps forking are adopted by us,
+        and each of their sessions gets as much CPU as we do (autogroups): a
+        starved supervisor reading /proc process by process would only ever
+        find the zombies of processes that already replaced themselves. So
+        each pass costs one kill() a child, newest first (the live end of each
+        lineage was adopted last), and there are at most _STOP_PASSES, so the
+        walk always gets its turn. By pid: an unreaped child's pid is its own,
+        and a kept service is recognised by its pid (should that pid be
+        reused, the process is only left to the walk)."""
         spared = set(pid for pid, _ in self.kept | self.inherited)
         spared.add(self.pid)
         seen = set()
-        while _now() < until:
-            fresh = [pid for pid in self.own_children() if pid not in seen and pid not in spared]
+        for _ in range(_STOP_PASSES):
+            if _now() >= until:
+                return
+            fresh = [pid for pid in reversed(self.own_children())
+                     if pid not in seen and pid not in spared]
             if not fresh:
                 return
+            seen.update(fresh)
+            if self.inherited_groups:  # the caller's jobs are known by group: look first
+                fresh = [pid for pid in fresh if not self._is_inherited(self.fs.stat(pid) or _GONE)]
             for pid in fresh:
-                seen.add(pid)
-                try:
-                    reaped, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    continue
-                if not reaped:
-                    _quietly_signal(pid, signal.SIGSTOP)
+                _quietly_signal(pid, signal.SIGSTOP)
+            for pid in fresh:
+                _reap_pid(pid)
 
     def confirm(self, scope, until, previous=None):
         """The observation behind cleanup_confirmed: ([], True) once two looks
@@ -813,7 +925,7 @@ class _ProcTree(object):
                 walk.stable = False  # re-parented while we looked: seen next look
             return _closed(pin)
         if parent is None and not everything:
-            if proc.identity in self.inherited:
+            if self._is_inherited(proc):
                 return _closed(pin)
             if not proc.live and pid != self.pid:
                 _reap_pid(pid)  # gone for good: the next look will not see it either
@@ -931,6 +1043,14 @@ class _ProcTree(object):
             pass  # a hard limit above what the kernel allows: keep ours
 
 
+class _Gone(object):
+    """Stands for a process that is gone: nobody's, in no group."""
+    identity, pgid = None, None
+
+
+_GONE = _Gone()
+
+
 def _closed(pin):
     if pin is not None:
         pin.close()
@@ -1035,14 +1155,17 @@ class _SignalCatcher(object):
 
 
 class _StopFileWatch(object):
-    """Notices the stop file: inotify on the deepest existing directory of its
-    path, a slow safety check beside it, and polling where inotify is blind."""
+    """Notices the stop file. inotify watches every directory its path goes
+    through, as written and where symlinks lead, so that a renamed or
+    replaced ancestor and a re-pointed symlink are noticed at once, like the
+    file itself; a slow safety check covers what inotify cannot see (a mount
+    over a directory), and polling replaces it where it is blind."""
 
     def __init__(self, path):
         self.path = path
         self.fd = None
-        self.watched = None         # (directory, st_dev, st_ino)
-        self.wd = None
+        self.watched = {}           # wd -> (directory, names looked up in it)
+        self.resolved = None        # the (directory, name) steps last watched
         self.interval = _STOP_FILE_POLL_INTERVAL
         try:
             self.fd = _high_fd(_libc().call("inotify_init1", _IN_NONBLOCK | _IN_CLOEXEC))
@@ -1051,11 +1174,13 @@ class _StopFileWatch(object):
         self._rewatch()
 
     def exists(self):
+        """Is anything at the path, a dangling symlink included? Only ENOENT
+        and ENOTDIR mean no: a path we cannot look at is taken as a stop."""
         try:
-            os.lstat(self.path)  # a dangling symlink counts
+            os.lstat(self.path)
             return True
-        except OSError:
-            return False
+        except OSError as e:
+            return e.errno not in (errno.ENOENT, errno.ENOTDIR)
 
     def due(self, now):
         """When the next check by time is due (inotify wakes us otherwise)."""
@@ -1065,53 +1190,121 @@ class _StopFileWatch(object):
         return self.fd
 
     def drain_events(self):
-        _discard_pending(self.fd)  # which event it was does not matter: look again
-        self._rewatch()
+        """Read the events; look at the path again if one touched it."""
+        data = b""
+        try:
+            while True:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    break
+                data += chunk
+        except BlockingIOError:
+            pass
+        if any(self._touches(wd, mask, name) for wd, mask, name in _inotify_events(data)):
+            self._rewatch()
+
+    def _touches(self, wd, mask, name):
+        if mask & (_IN_Q_OVERFLOW | _IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF):
+            return True
+        return name in self.watched.get(wd, (None, ()))[1]
 
     def _rewatch(self):
-        """Watch the deepest existing directory: the file's own once it exists.
-        A watch follows its inode, so a directory renamed or replaced is
-        watched anew."""
-        directory = os.path.dirname(self.path)
-        while True:
-            try:
-                st = os.stat(directory)
-                if st.st_mode & 0o170000 == 0o040000:  # a directory
-                    break
-            except OSError:
-                pass
-            if directory == os.path.dirname(directory):
-                return
-            directory = os.path.dirname(directory)
-        if (directory, st.st_dev, st.st_ino) == self.watched:
-            return
+        steps = _path_steps(self.path)
+        identity = steps + tuple(_inode_of(directory) for directory, _ in steps)
+        if identity == self.resolved:
+            return  # the same directories (inodes, not only names) as watched now
         self._unwatch()
-        mask = _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
-        try:
-            self.wd = _libc().call("inotify_add_watch", self.fd, os.fsencode(directory), mask)
-        except OSError:  # ENOSPC (watch limit), EACCES: poll instead
-            self.interval = _STOP_FILE_POLL_INTERVAL
-            return
-        self.watched = (directory, st.st_dev, st.st_ino)
-        self.interval = (_STOP_FILE_POLL_INTERVAL if _inotify_blind(directory)
-                         else _STOP_FILE_SAFETY_INTERVAL)
+        names = {}
+        for directory, name in steps:
+            names.setdefault(directory, set()).add(name.encode())
+        mask = (_IN_CREATE | _IN_MOVED_TO | _IN_MOVED_FROM | _IN_DELETE | _IN_DELETE_SELF
+                | _IN_MOVE_SELF | _IN_ONLYDIR)
+        blind = False
+        for directory, wanted in names.items():
+            try:
+                wd = _libc().call("inotify_add_watch", self.fd, os.fsencode(directory), mask)
+            except OSError:  # ENOSPC (watch limit), EACCES: poll instead
+                self.interval = _STOP_FILE_POLL_INTERVAL
+                self.resolved = None
+                return
+            # One inode seen through two paths is one watch: merge what it looks up.
+            self.watched.setdefault(wd, (directory, set()))[1].update(wanted)
+            blind = blind or _inotify_blind(directory)
+        self.resolved = identity
+        self.interval = _STOP_FILE_POLL_INTERVAL if blind else _STOP_FILE_SAFETY_INTERVAL
 
     def _unwatch(self):
-        """Remove the watch. Closing an inotify fd that still watches waits for
-        the kernel to reap the watch (up to 16 ms measured); removed early, the
-        watch is reaped in the background and the close is instant."""
-        if self.wd is not None:
+        """Remove the watches. Closing an inotify fd that still watches waits for
+        the kernel to reap them (up to 16 ms measured); removed early, they are
+        reaped in the background and the close is instant."""
+        for wd in self.watched:
             try:
-                _libc().call("inotify_rm_watch", self.fd, self.wd)
+                _libc().call("inotify_rm_watch", self.fd, wd)
             except OSError:
                 pass  # EINVAL: the kernel dropped it already (directory deleted)
-            self.wd, self.watched = None, None
+        self.watched = {}
 
     def close(self):
         if self.fd is not None:
             self._unwatch()
             os.close(self.fd)
             self.fd = None
+
+
+def _inode_of(directory):
+    try:
+        st = os.stat(directory)
+        return (st.st_dev, st.st_ino)
+    except OSError:
+        return None
+
+
+def _path_steps(path):
+    """The (directory, name) lookups that resolving path makes, through every
+    existing directory and symlink on the way (at most 40 links, as the
+    kernel), down to the deepest directory that exists."""
+    steps, directory, parts, links = [], "/", path.strip("/").split("/"), 0
+    while parts:
+        name = parts.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            directory = os.path.dirname(directory)
+            continue
+        steps.append((directory, name))
+        if not parts:
+            break  # the stop file itself: its directory is watched for it
+        here = os.path.join(directory, name)
+        try:
+            st = os.lstat(here)
+        except OSError:
+            break  # missing: the deepest existing directory is watched for it
+        if st.st_mode & 0o170000 == 0o120000 and links < 40:
+            links += 1
+            try:
+                target = os.readlink(here)
+            except OSError:
+                break
+            parts = target.strip("/").split("/") + parts
+            if target.startswith("/"):
+                directory = "/"
+        elif st.st_mode & 0o170000 == 0o040000:
+            directory = here
+        else:
+            break
+    return tuple(steps)
+
+
+def _inotify_events(data):
+    """(wd, mask, name) for each struct inotify_event in data."""
+    events, i = [], 0
+    while i + 16 <= len(data):
+        wd = int.from_bytes(data[i:i + 4], sys.byteorder, signed=True)
+        mask = int.from_bytes(data[i + 4:i + 8], sys.byteorder)
+        length = int.from_bytes(data[i + 12:i + 16], sys.byteorder)
+        events.append((wd, mask, data[i + 16:i + 16 + length].rstrip(b"\0")))
+        i += 16 + length
+    return events
 
 
 def _inotify_blind(directory):
@@ -1122,16 +1315,132 @@ def _inotify_blind(directory):
         return True
 
 
+# --- Running the command as another user ------------------------------------------------
+
+class _User(object):
+    """--user USER[:GROUP], resolved: uid and gid (by default the user's
+    primary group; a uid without a passwd entry gets gid = uid), the user's
+    supplementary groups (none without an entry), and the environment with
+    HOME, USER and LOGNAME set from the entry (the caller's without one)."""
+
+    def __init__(self, spec):
+        import grp
+        import pwd
+        name, _, group = spec.partition(":")
+        entry = _lookup(pwd.getpwnam, pwd.getpwuid, name, "user")
+        self.uid = entry.pw_uid if entry is not None else _id_number(name, "user")
+        if group:
+            found = _lookup(grp.getgrnam, grp.getgrgid, group, "group")
+            self.gid = found.gr_gid if found is not None else _id_number(group, "group")
+        else:
+            self.gid = entry.pw_gid if entry is not None else self.uid
+        self.groups = os.getgrouplist(entry.pw_name, self.gid) if entry is not None else []
+        self.environment = None
+        if entry is not None:
+            self.environment = dict(os.environ, HOME=entry.pw_dir, USER=entry.pw_name,
+                                    LOGNAME=entry.pw_name)
+        self.shown = entry.pw_name if entry is not None else str(self.uid)
+        # Already that user, and no privilege to change groups: nothing to switch.
+        self.switching = (self.uid, self.gid) != (os.geteuid(), os.getegid()) or (
+            _has_capability(_CAP_SETGID) and sorted(self.groups) != sorted(os.getgroups()))
+
+    def check_privilege(self):
+        if self.switching and not (_has_capability(_CAP_SETUID) and _has_capability(_CAP_SETGID)):
+            raise UsageError("--user: switching to %s (uid %d) needs root (CAP_SETUID and "
+                             "CAP_SETGID); run the supervisor as root" % (self.shown, self.uid))
+
+    def can(self, checks):
+        """[bool] for (path, "enter" or "write") checks, tried as the user, in
+        a child that switches first: ACLs, groups and all, as the command
+        would find them."""
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(read_end)
+                if self.switching:
+                    os.setgroups(self.groups)
+                    os.setresgid(self.gid, self.gid, self.gid)
+                    os.setresuid(self.uid, self.uid, self.uid)
+                answers = "".join(_try_as_user(path, how) for path, how in checks)
+                os.write(write_end, answers.encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        try:
+            answers = os.read(read_end, 65536).decode()
+        finally:
+            os.close(read_end)
+            os.waitpid(pid, 0)
+        if len(answers) != len(checks):
+            raise UsageError("--user: cannot check what %s may do (the check failed)" % self.shown)
+        return [answer == "1" for answer in answers]
+
+
+def _try_as_user(path, how):
+    try:
+        if how == "enter":
+            os.chdir(path)
+            return "1"
+        return "1" if os.access(path, os.W_OK) else "0"
+    except OSError:
+        return "0"
+
+
+def _lookup(by_name, by_number, text, what):
+    """The passwd or group entry for a name or a number; None for a number
+    without an entry; UsageError for an unknown name."""
+    if text.isdigit():
+        try:
+            return by_number(_id_number(text, what))
+        except KeyError:
+            return None
+    try:
+        return by_name(text)
+    except KeyError:
+        raise UsageError("--user: no %s named %r on this system" % (what, text))
+
+
+def _id_number(text, what):
+    if not text.isdigit() or int(text) > 2 ** 32 - 2:
+        raise UsageError("--user: %r is neither a %s name nor a number" % (text, what))
+    return int(text)
+
+
+def _check_user_may_not_replace(user, target):
+    """Under --user the command must not be able to replace the receipt (nor
+    a kept service of it): refuse a receipt directory, or a directory above
+    it, that the user owns, or can write unless it is sticky (as /tmp is);
+    below a sticky one, an entry on the way that the user owns."""
+    directories = [target.directory]
+    while directories[-1] != "/":
+        directories.append(os.path.dirname(directories[-1]))
+    writable = user.can([(d, "write") for d in directories])
+    below = None
+    for directory, can_write in zip(directories, writable):
+        st = os.stat(directory)
+        owned_below = below is not None and os.lstat(below).st_uid == user.uid
+        if st.st_uid == user.uid or (can_write and (not st.st_mode & 0o1000 or owned_below)):
+            raise UsageError("--user: %s could replace the receipt through %s (%s); put the "
+                             "receipt in a directory that user cannot write" % (
+                                 user.shown, directory,
+                                 "its owner" if st.st_uid == user.uid else "writable"))
+        below = directory
+
+
 # --- The run: its state, its one wait, what signals do, and the reaper -------------------
 
 class _Plan(object):
     """What the caller asked for, checked, before anything starts."""
 
-    def __init__(self, command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent):
+    def __init__(self, command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent,
+                 receipt=None, user=None):
         self.command = command
         self.timeout, self.cleanup_timeout = timeout, cleanup_timeout
         self.stop_path, self.workdir = stop_path, workdir
         self.stop_with_parent = stop_with_parent
+        self.receipt = receipt      # the CLI's _ReceiptTarget: its stale receipt goes at start
+        self.user = user            # --user: a _User, or None
 
 
 class _Run(object):
@@ -1158,6 +1467,7 @@ class _Run(object):
         self.terminal = None            # fd 0, when the command was given the terminal
         self.subreaper_before = None
         self.next_list_reap, self.reap_pending = 0.0, False  # see _reap_exited()
+        self.saved_priority = None      # (nice, autogroup nice) while the cleanup has the CPU
 
 
 def _enter(run, state):
@@ -1252,8 +1562,11 @@ def _reap_exited(run):
     """The one reaper: every exited child of ours, but the command until done
     (its zombie keeps its pid, and so its group id, from being reused while
     the group is signalled). Runs whenever SIGCHLD wakes a wait, in every
-    state, so zombies never pile up."""
-    while True:
+    state, so zombies never pile up. A call reaps at most _REAP_BATCH: a storm
+    can make zombies faster than a starved supervisor reaps them, and the
+    caller's deadlines must be looked at in between; _wait() comes straight
+    back for the rest."""
+    for _ in range(_REAP_BATCH):
         try:
             info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
@@ -1272,10 +1585,11 @@ def _reap_exited(run):
             run.reap_pending = True
             return
         run.next_list_reap, run.reap_pending = now + _REAP_LIST_INTERVAL, False
-        for pid in run.tree.own_children():
+        for pid in run.tree.own_children()[:_REAP_BATCH]:
             if pid != run.pid:
                 _reap_pid(pid)
         return
+    run.reap_pending, run.next_list_reap = True, _now()  # more to reap: right after a look
 
 
 def _command_exited(run):
@@ -1457,7 +1771,10 @@ def _start_command(run):
     try:
         run.started_wall, run.started = time.time(), _now()
         run.endtime = run.started + run.plan.timeout
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            raise SupervisorError("fork: %s" % _os_error_text(e, "fork"))
         if pid == 0:
             _exec_command(run, write_end)  # never returns
     except BaseException:
@@ -1486,10 +1803,23 @@ def _exec_command(run, report_fd):
         if run.terminal is not None:
             step = "tcsetpgrp"
             os.tcsetpgrp(run.terminal, os.getpid())  # SIGTTOU is blocked here
+        user = run.plan.user
+        if user is not None and user.switching:
+            step = "setgroups"
+            os.setgroups(user.groups)
+            step = "setgid"
+            os.setresgid(user.gid, user.gid, user.gid)
+            step = "setuid"
+            os.setresuid(user.uid, user.uid, user.uid)
+        if user is not None:
+            step = "prctl(PR_SET_NO_NEW_PRIVS)"  # no setuid binary brings root back
+            _libc().call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         step = "chdir"
         os.chdir(run.plan.workdir)
         run.catcher.reset_for_command()
         step = "exec"
+        if user is not None and user.environment is not None:
+            os.execvpe(run.plan.command[0], run.plan.command, user.environment)
         os.execvp(run.plan.command[0], run.plan.command)
     except (OSError, ValueError, TypeError) as e:
         code = getattr(e, "errno", None) or errno.EINVAL
@@ -1539,10 +1869,42 @@ def _note_exec_failure(run):
         run.error_exit = EXIT_FAILURE
 
 
+def _take_the_cpu(run):
+    """A forced stop competes for the CPU with whatever of the run still
+    runs, and a tree that keeps forking in sessions of its own gets as much
+    as we do per session (autogroups) or per task (cgroups): enough to
+    starve the drain. Where we may (CAP_SYS_NICE), the cleanup runs at the
+    highest priority, given back once the run is done. Best effort."""
+    if not _has_capability(_CAP_SYS_NICE, run.fs):
+        return
+    try:
+        run.saved_priority = (os.getpriority(os.PRIO_PROCESS, 0), run.fs.autogroup_nice())
+        os.setpriority(os.PRIO_PROCESS, 0, -20)
+        if run.saved_priority[1] is not None:
+            run.fs.set_autogroup_nice(-20)
+    except (OSError, ValueError):
+        pass
+
+
+def _give_back_the_cpu(run):
+    """Our session's autogroup outlives us (the caller's shell is in it):
+    its priority goes back before the receipt, in the CLI too."""
+    saved, run.saved_priority = run.saved_priority, None
+    if saved is None:
+        return
+    try:
+        if saved[1] is not None:
+            run.fs.set_autogroup_nice(saved[1])
+        os.setpriority(os.PRIO_PROCESS, 0, saved[0])
+    except (OSError, ValueError):
+        pass
+
+
 def _stop_forced(run):
     """Deadline, stop file or signal: keep the detached services, stop the
     group (the stop signal, a grace, SIGKILL), then drain the whole run."""
     tree = run.tree
+    _take_the_cpu(run)
     grace_end = _enter(run, "terminating")
     # Frozen while we look, no member can die and hand us its children before
     # the services adopted before the decision are noted. The stop signal
@@ -1560,6 +1922,7 @@ def _stop_forced(run):
     while not _command_exited(run) and _now() < kill_end:
         _wait(run, kill_end)  # SIGCHLD wakes us; it may sit in D state
     _drain(run, _RUN)
+    _drain_strays(run)
 
 
 def _finish_natural(run):
@@ -1629,10 +1992,34 @@ def _drain(run, scope):
     run.survivors, run.stable = tree.confirm(scope, last)
 
 
+def _drain_strays(run):
+    """After a forced stop's confirmation: a kept service that died since then
+    handed its children (left alone while it lived) to us. Adopted after the
+    decision, they are the run's: drain them too, and look again, within
+    _FINAL_PASS_LIMIT, so that what the receipt keeps and what it confirms
+    cover every process of the run."""
+    tree = run.tree
+    until = _now() + _FINAL_PASS_LIMIT
+    while not run.survivors and run.stable:
+        strays = [p for p in tree.detached() if p.identity not in tree.kept]
+        if not strays:
+            return
+        if _now() >= until:
+            run.survivors = strays
+            return
+        walk = tree.kill(_RUN, until)
+        try:
+            _await_exits(run, walk.pins, min(until, _now() + _DRAIN_ROUND_LIMIT))
+        finally:
+            _close_pins(walk.pins)
+        run.survivors, run.stable = tree.confirm(_RUN, until)
+
+
 def _finish(run):
     """done: the run is drained; now the command's zombie may go. The
     services kept are those alive now."""
     _enter(run, "done")
+    _give_back_the_cpu(run)
     if _command_exited(run) and not run.reaped:
         run.report.read(block=True)
         if run.report.failure:
@@ -1657,7 +2044,7 @@ def _abandon(run):
 def _release(run):
     """Give back what the run took: terminal, fds, signals, subreaper bit.
     Each step is best effort: the receipt no longer depends on it."""
-    steps = [lambda: _take_back_terminal(run)]
+    steps = [lambda: _take_back_terminal(run), lambda: _give_back_the_cpu(run)]
     for part in (run.watch, run.report, run.tree, run.fs, run.catcher):
         if part is not None:
             steps.append(part.close)
@@ -1718,7 +2105,10 @@ def _build_receipt(run, ended_wall, ended):
         "cleanup_s": round(cleanup_s, 6),
         "ladder": ladder,
         "containment": run.tree.kind,
-        "preserved": [{"pid": p.pid, "command": fs.cmdline(p.pid)} for p in run.preserved],
+        "user": ({"uid": run.plan.user.uid, "gid": run.plan.user.gid}
+                 if run.plan.user is not None else None),
+        "preserved": [{"pid": p.pid, "start_time": p.start, "command": fs.cmdline(p.pid)}
+                      for p in run.preserved],
         "survivors": [{"pid": p.pid, "ppid": p.ppid, "pgid": p.pgid, "sid": p.sid,
                        "state": p.state, "command": fs.cmdline(p.pid)} for p in run.survivors],
         "error": _text(run.error) if run.error is not None else None,
@@ -1768,34 +2158,213 @@ def _json_char(c):
 
 
 def write_receipt(receipt, path):
-    """Write receipt to path atomically: a temporary file in the same
-    directory, flushed and fsynced, renamed over path, the directory fsynced.
-    A reader sees no file or a whole receipt; no temporary file is left."""
-    path = os.path.abspath(path)
-    directory, name = os.path.split(path)
-    temporary = os.path.join(directory, ".%s.%d.tmp" % (name, os.getpid()))
-    data = (_json(receipt) + "\n").encode("ascii")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    """Write receipt to path atomically, creating missing directories: an
+    unnamed file in the same directory, written and fsynced, linked under a
+    name nobody can guess, renamed over path (a symlink there is replaced,
+    never followed), the directory fsynced. A reader sees no file or a whole
+    receipt; nothing else is left, whatever fails. Errors are OSErrors that
+    name path."""
+    target = _ReceiptTarget(path)
     try:
+        target.write(receipt)
+    finally:
+        target.close()
+
+
+class _ReceiptTarget(object):
+    """Where a receipt will land, settled once: its directory (made if
+    missing) resolved and held open, so a directory swapped during the run
+    cannot move the receipt, and the name in it, never followed. Where the
+    filesystem has O_TMPFILE, the unnamed file the receipt is written to is
+    opened now, so that writing it later needs no new descriptor."""
+
+    def __init__(self, path):
+        self.path = _absolute(path, "--receipt")
+        directory, self.name = os.path.split(self.path)
+        self.dir_fd = self.proc_fd = self.file_fd = None
+        self.created = _make_directories(directory, self.path)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            self.dir_fd, self.can_sync = _open_directory(directory, self.path)
+            self.check_name()
+            self.file_fd = self._open_unnamed()
+            if self.file_fd is not None:
+                # Now, not at the write: by then fds may be starved, or /proc mounted over.
+                self.proc_fd = _high_fd(os.open("/proc", os.O_RDONLY | os.O_DIRECTORY
+                                                | os.O_CLOEXEC))
+            self.directory = _real_directory(self.dir_fd, directory)
+        except BaseException:
+            self.discard()
+            raise
+
+    def check_name(self):
+        """What is at the name now: nothing, a regular file or a symlink (both
+        replaced by the rename); anything else is refused."""
+        try:
+            st = os.lstat(self.name, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise _path_error(e, self.path)
+        kind = st.st_mode & 0o170000
+        if kind == 0o040000:
+            raise IsADirectoryError(errno.EISDIR, "a directory is there; name a file", self.path)
+        if kind not in (0o100000, 0o120000):
+            raise OSError(errno.EEXIST, "a device, FIFO or socket is there; name a regular "
+                          "file", self.path)
+
+    def _open_unnamed(self):
+        try:
+            return _high_fd(os.open(".", os.O_WRONLY | os.O_TMPFILE | os.O_CLOEXEC, 0o644,
+                                    dir_fd=self.dir_fd))
+        except (AttributeError, OSError) as e:
+            if getattr(e, "errno", None) not in (None, errno.EOPNOTSUPP, errno.EISDIR,
+                                                 errno.EINVAL, errno.ENOENT):
+                raise _path_error(e, self.path)
+        # No O_TMPFILE here: prove now that a named temporary can be made.
+        self._unlink(self._create_named()[0])
+        return None
+
+    def _create_named(self):
+        """A temporary file under a random name (O_EXCL: never one planted)."""
+        for _ in range(16):
+            name = ".%s.%s.tmp" % (self.name, os.urandom(8).hex())
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o644, dir_fd=self.dir_fd)
+                return name, _high_fd(fd)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise _path_error(e, self.path)
+        raise OSError(errno.EEXIST, "no free temporary name", self.path)
+
+    def remove_stale(self):
+        """Remove an earlier receipt: from now on, no receipt at the path means
+        this run's cleanup was not confirmed."""
+        self.check_name()
+        try:
+            os.unlink(self.name, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise _path_error(e, self.path, "cannot remove the earlier receipt")
+
+    def write(self, receipt):
+        data = (_json(receipt) + "\n").encode("ascii")
+        temporary = None
+        try:
+            if self.file_fd is not None:
+                fd = self.file_fd
+                _write_all(fd, data)
+                os.fsync(fd)
+                temporary = self._link_unnamed(fd)
+            else:
+                temporary, fd = self._create_named()
+                try:
+                    _write_all(fd, data)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            os.rename(temporary, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            temporary = None
+            if self.can_sync:
+                os.fsync(self.dir_fd)
+        except OSError as e:
+            raise _path_error(e, self.path)
         finally:
-            os.close(fd)
-        os.replace(temporary, path)
-    except BaseException:
+            if temporary is not None:
+                self._unlink(temporary)
+
+    def _link_unnamed(self, fd):
+        """Give the unnamed file a random name, through /proc/self/fd (linkat
+        with AT_SYMLINK_FOLLOW: no privilege needed, unlike AT_EMPTY_PATH)."""
+        for _ in range(16):
+            name = ".%s.%s.tmp" % (self.name, os.urandom(8).hex())
+            try:
+                os.link("self/fd/%d" % fd, name, src_dir_fd=self.proc_fd,
+                        dst_dir_fd=self.dir_fd, follow_symlinks=True)
+                return name
+            except FileExistsError:
+                continue
+        raise OSError(errno.EEXIST, "no free temporary name")
+
+    def _unlink(self, name):
         try:
-            os.unlink(temporary)
+            os.unlink(name, dir_fd=self.dir_fd)
         except OSError:
             pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+
+    def close(self):
+        for name in ("file_fd", "proc_fd", "dir_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def discard(self):
+        """A refusal: close, and remove the directories this target made."""
+        self.close()
+        for directory in reversed(self.created):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _path_error(e, path, what=None):
+    """The OSError e, naming path (and what was being done)."""
+    reason = e.strerror or str(e)
+    return OSError(e.errno, "%s: %s" % (what, reason) if what else reason, path)
+
+
+def _make_directories(directory, path):
+    """os.makedirs that remembers what it made, and undoes it on failure."""
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    created = []
+    for name in reversed(missing):
+        try:
+            os.mkdir(name, 0o755)
+        except OSError as e:
+            for made in reversed(created):
+                os.rmdir(made)
+            raise _path_error(e, path, "cannot create %s" % name)
+        created.append(name)
+    return created
+
+
+def _open_directory(directory, path):
+    """The directory held open: readable when we may (so it can be fsynced),
+    else by O_PATH, which still serves every *at() call we make."""
+    flags = os.O_DIRECTORY | os.O_CLOEXEC
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        return _high_fd(os.open(directory, os.O_RDONLY | flags)), True
+    except PermissionError:
+        pass
+    except OSError as e:
+        raise _path_error(e, path)
+    try:
+        return _high_fd(os.open(directory, os.O_PATH | flags)), False
+    except OSError as e:
+        raise _path_error(e, path)
+
+
+def _real_directory(fd, fallback):
+    try:
+        return os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return os.path.realpath(fallback)
 
 
 # --- The API -----------------------------------------------------------------------------------
@@ -1807,12 +2376,13 @@ def exec_timeout(timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
 
 
 def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_path=None,
-              *, workdir=None, stop_with_parent=None):
+              *, workdir=None, stop_with_parent=None, user=None):
     """Run command under a deadline, drain what it leaves, return the receipt.
 
     command is an argv list of str (or bytes); timeout and cleanup_timeout
     are seconds; the run is stopped when anything exists at stop_path;
-    workdir is the command's current directory. stop_with_parent, the pid of
+    workdir is the command's current directory; user ("name", "uid",
+    "name:group") the user it runs as, with no way back to root. stop_with_parent, the pid of
     this process's parent, stops the run as SIGTERM would when that parent
     dies (even if the caller ignored SIGTERM; the command still starts with it
     ignored). Must run in the main thread of a single-threaded process on
@@ -1822,20 +2392,42 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_pa
     is in its error and exit_status. The caller's signal handlers, mask and
     subreaper bit are restored when it returns.
     """
-    run = _Run(_make_plan(command, timeout, cleanup_timeout, stop_path, workdir,
-                          stop_with_parent))
+    plan = _make_plan(command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent)
+    if user is not None:
+        plan.user = _check_user(user, plan.workdir)
+    run = _Run(plan)
     try:
         return _execute(run)
     finally:
         _release(run)
 
 
-def _make_plan(command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent):
+def _make_plan(command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent,
+               **more):
     return _Plan(_check_command(command), _check_seconds(timeout, "timeout"),
                  _check_seconds(cleanup_timeout, "cleanup_timeout"),
-                 os.path.abspath(stop_path) if stop_path is not None else None,
-                 os.path.abspath(workdir if workdir is not None else os.getcwd()),
-                 stop_with_parent)
+                 _absolute(stop_path, "--stop-file") if stop_path is not None else None,
+                 _absolute(workdir, "--workdir") if workdir is not None else _current_directory(),
+                 stop_with_parent, **more)
+
+
+def _current_directory():
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise UsageError("the current directory was deleted; give --workdir (or cd somewhere)")
+
+
+def _absolute(path, option):
+    """os.path.abspath, with a clear refusal when a relative path meets a
+    deleted current directory."""
+    if os.path.isabs(path):
+        return os.path.normpath(path)
+    try:
+        return os.path.abspath(path)
+    except FileNotFoundError:
+        raise UsageError("%s: %s is relative and the current directory was deleted; give "
+                         "an absolute path" % (option, path))
 
 
 def _execute(run):
@@ -1844,6 +2436,11 @@ def _execute(run):
     in a receipt, one that does not confirm the cleanup."""
     try:
         _prepare(run)
+        if run.plan.receipt is not None:
+            try:
+                run.plan.receipt.remove_stale()
+            except OSError as e:
+                raise UsageError("--receipt: %s: %s" % (e.filename, e.strerror))
         if _stopped_before_start(run):
             _enter(run, "done")
         else:
@@ -1912,6 +2509,10 @@ options:
   --stop-file PATH           stop the run as soon as anything exists at PATH
   --receipt PATH             write the receipt there (outside the workdir)
   --workdir DIR              the command's current directory (default: this one)
+  --user USER[:GROUP]        run the command as that user (a name or a uid) and
+                             group, with no way back to root: then it cannot
+                             signal, stop or trace the supervisor, nor write
+                             its receipt
   --new-session              leave the caller's session first, so that a kill of
                              the caller's process group cannot stop the drain
   -h, --help                 show this help and exit
@@ -1921,7 +2522,8 @@ exit status: COMMAND's own; 124 deadline or stop file; 125 supervisor failure
 or cleanup not confirmed; 126 cannot execute; 127 not found; 128+N signal N.
 """
 
-_VALUE_OPTIONS = ("--timeout", "--cleanup-timeout", "--stop-file", "--receipt", "--workdir")
+_VALUE_OPTIONS = ("--timeout", "--cleanup-timeout", "--stop-file", "--receipt", "--workdir",
+                  "--user")
 
 
 def parse_duration(text, option="--timeout"):
@@ -1947,7 +2549,7 @@ class _Options(object):
     def __init__(self):
         self.timeout = None
         self.cleanup_timeout = DEFAULT_CLEANUP_TIMEOUT
-        self.stop_file = self.receipt = self.workdir = None
+        self.stop_file = self.receipt = self.workdir = self.user = None
         self.new_session = False
         self.command = []
         self.show = None  # "help" or "version"
@@ -1997,7 +2599,8 @@ def _set_option(options, name, value):
 
 
 def _check_workdir(options):
-    workdir = os.path.abspath(options.workdir or os.getcwd())
+    workdir = (_absolute(options.workdir, "--workdir") if options.workdir
+               else _current_directory())
     if not os.path.isdir(workdir):
         what = "is not a directory" if os.path.exists(workdir) else "does not exist"
         raise UsageError("--workdir: %s %s" % (workdir, what))
@@ -2006,59 +2609,65 @@ def _check_workdir(options):
     return workdir
 
 
-def _check_receipt_path(path, workdir):
-    """Refuse a receipt inside the workdir (through symlinks and .. too), then
-    create its missing directories and prove one can write there. On failure
-    nothing is left behind."""
-    real, real_workdir = os.path.realpath(path), os.path.realpath(workdir)
-    if real == real_workdir or real.startswith(real_workdir.rstrip("/") + "/"):
-        raise UsageError("--receipt: %s resolves to %s, inside the workdir %s; "
-                         "put the receipt outside it" % (path, real, real_workdir))
-    if os.path.isdir(real):
-        raise UsageError("--receipt: %s is a directory; name a file" % path)
-    directory = os.path.dirname(real)
-    created = _make_directories(directory)
-    probe = os.path.join(directory, ".%s.%d.probe" % (os.path.basename(real), os.getpid()))
+def _check_receipt_target(path, workdir):
+    """The receipt's target, refused (UsageError, nothing left behind) when it
+    cannot be written, or when it would land inside the workdir: judged by
+    the directory actually held open, through every symlink and `..`."""
     try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-        os.unlink(probe)
+        target = _ReceiptTarget(path)
     except OSError as e:
-        _remove_directories(created)
-        raise UsageError("--receipt: cannot write in %s: %s" % (directory, e.strerror))
-    return real
+        raise UsageError("--receipt: %s: %s" % (e.filename or path, e.strerror or e))
+    if workdir is not None and _is_inside(target.dir_fd, workdir):
+        target.discard()
+        raise UsageError("--receipt: %s lands in %s, inside the workdir %s; put the "
+                         "receipt outside it" % (path, target.directory, workdir))
+    return target
 
 
-def _make_directories(directory):
-    """os.makedirs that remembers what it made, and undoes it on failure."""
-    missing = []
-    while not os.path.isdir(directory):
-        missing.append(directory)
-        directory = os.path.dirname(directory)
-    created = []
-    for path in reversed(missing):
-        try:
-            os.mkdir(path, 0o755)
-        except OSError as e:
-            _remove_directories(created)
-            raise UsageError("--receipt: cannot create %s: %s" % (path, e.strerror))
-        created.append(path)
-    return created
-
-
-def _remove_directories(created):
-    for path in reversed(created):
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass
+def _is_inside(dir_fd, workdir):
+    """Is the directory held by dir_fd the workdir or below it? Walks up
+    through `..` from the directory itself, comparing device and inode."""
+    try:
+        top = os.stat(workdir)
+    except OSError:
+        return False
+    wanted = (top.st_dev, top.st_ino)
+    fd = os.dup(dir_fd)
+    try:
+        for _ in range(4096):
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == wanted:
+                return True
+            parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            up = os.fstat(fd)
+            if (up.st_dev, up.st_ino) == (st.st_dev, st.st_ino):
+                return False  # the root
+    finally:
+        os.close(fd)
+    return False
 
 
 def _complain(message):
-    """One line on stderr; dropped when stderr is closed or a broken pipe."""
+    """One line on stderr, whatever the message holds: a newline or another
+    control character in a path is escaped, so a second line can never be
+    someone else's text. SIGTTOU is blocked meanwhile (a background write to
+    a TOSTOP terminal then goes through instead of stopping us), and a line
+    stderr cannot take within a second (a full pipe) is dropped, as it is
+    when stderr is closed or a broken pipe."""
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
+    data = ("supervisor.py: %s\n" % text).encode("utf-8", "replace")
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTTOU])
     try:
-        os.write(2, ("supervisor.py: %s\n" % message).encode("utf-8", "replace"))
+        poller = select.poll()
+        poller.register(2, select.POLLOUT)
+        if poller.poll(1000):
+            os.write(2, data)
     except OSError:
         pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _print(text):
@@ -2099,10 +2708,12 @@ def _relay_into_new_session():
 
 
 def main(argv=None):
-    """The command line: parse, check, supervise, write the receipt. Returns
-    the exit status. The supervisor's signal handlers stay in place until the
-    process exits: a late stop signal cannot cost the receipt."""
+    """The command line: parse, check, supervise, write the receipt, then
+    speak. Returns the exit status. The supervisor's signal handlers stay in
+    place until the process exits: a late stop signal cannot cost the
+    receipt."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    target = None
     try:
         options = _parse_args(argv)
         if options.show == "help":
@@ -2113,33 +2724,92 @@ def main(argv=None):
             return 0
         _require_linux()
         workdir = _check_workdir(options)
-        receipt_path = None
+        user = _check_user(options.user, workdir) if options.user is not None else None
         if options.receipt is not None:
-            receipt_path = _check_receipt_path(options.receipt, workdir)
+            target = _check_receipt_target(options.receipt, workdir)
+            if user is not None:
+                _check_user_may_not_replace(user, target)
+        stop_path = _check_stop_file(options.stop_file, target)
         relay = _relay_into_new_session() if options.new_session else None
         run = _Run(_make_plan(options.command, options.timeout, options.cleanup_timeout,
-                              options.stop_file, workdir, relay))
+                              stop_path, workdir, relay, receipt=target, user=user))
         receipt = _execute(run)
     except SupervisorError as e:
+        _discard(target)
         _complain(str(e))
         return EXIT_FAILURE
     except Exception as e:  # a bug: still one line, and the sandbox is suspect
+        _discard(target)
         _complain("internal error: %s: %s" % (type(e).__name__, e))
         return EXIT_FAILURE
-    status = receipt["exit_status"]
-    if receipt_path is not None:
+    # The receipt goes to disk before anything goes to stderr: a full pipe or
+    # a terminal with TOSTOP must not hold it back.
+    status, lost = receipt["exit_status"], None
+    if target is not None:
         try:
-            write_receipt(receipt, receipt_path)
+            target.write(receipt)
         except OSError as e:
-            _complain("--receipt: cannot write %s: %s" % (receipt_path, e.strerror or e))
-            status = EXIT_FAILURE
+            status, lost = EXIT_FAILURE, e
     if receipt["error"]:
         _complain(receipt["error"])
+    if lost is not None:
+        _complain("--receipt: cannot write %s: %s" % (lost.filename, lost.strerror))
     if not receipt["cleanup_confirmed"] and not run.failed:
-        _complain("cleanup not confirmed: %d process(es) still alive (%s); do not "
-                  "reuse this sandbox" % (len(receipt["survivors"]), ", ".join(
-                      str(s["pid"]) for s in receipt["survivors"][:10])))
+        _complain(_unconfirmed_message(receipt))
     return status
+
+
+def _unconfirmed_message(receipt):
+    survivors = receipt["survivors"]
+    if not survivors:
+        return ("cleanup not confirmed: the processes kept changing while /proc was read; "
+                "do not reuse this sandbox")
+    return ("cleanup not confirmed: %d process(es) still alive (%s); do not reuse this "
+            "sandbox" % (len(survivors), ", ".join(str(s["pid"]) for s in survivors[:10])))
+
+
+def _discard(target):
+    if target is not None:
+        target.discard()
+
+
+def _check_user(spec, workdir):
+    user = _User(spec)
+    user.check_privilege()
+    if not user.can([(workdir, "enter")])[0]:
+        raise UsageError("--user: %s cannot enter the workdir %s" % (user.shown, workdir))
+    return user
+
+
+def _check_stop_file(path, target):
+    """The stop path as given, made absolute. Only ENOENT and ENOTDIR mean
+    nothing is there; what we cannot look at is refused, and so is the
+    receipt's own path (the receipt would stop the next run)."""
+    if path is None:
+        return None
+    path = _absolute(path, "--stop-file")
+    try:
+        os.lstat(path)
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise UsageError("--stop-file: cannot look at %s: %s" % (path, e.strerror))
+    if target is not None and _same_entry(path, target):
+        raise UsageError("--stop-file: %s is the receipt's path; give them different paths"
+                         % path)
+    return path
+
+
+def _same_entry(path, target):
+    directory, name = os.path.split(path)
+    if name != target.name:
+        return False
+    if os.path.abspath(path) == target.path:
+        return True
+    try:
+        here, there = os.stat(directory), os.fstat(target.dir_fd)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _exit(status):

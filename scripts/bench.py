@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""bench.py: measure supervisor.py against the performance targets P1-P10.
+"""bench.py: measure supervisor.py against the performance targets P1-P12.
 
     python3 scripts/bench.py [--python PATH] [--json PATH] [--pairs N] [--quick]
                              [--pairs-big N] [--only P1,P6,...]
 
-Takes ~3 minutes on two vCPUs (--quick: ~1.5). --only runs some groups, for
+Takes ~4 minutes on two vCPUs (--quick: ~2). --only runs some groups, for
 development. Under a pyenv shim the bench may run as the shim's child: to
 stop it, Ctrl-C (the whole foreground group) or signal the bench's own pid.
 
@@ -21,6 +21,11 @@ How each row is measured
   P1  startup: wall time (posix_spawn to waitpid) of
       `PY supervisor.py --timeout 600 -- true` vs `PY -c pass`; and the same
       with `-I -S` on both sides. Checked: difference of the medians.
+      P1c (info): Python compiles supervisor.py from source on every start
+      (no .pyc for __main__): compile(source bytes, path, "exec") timed in the
+      bench's own interpreter (10 times after one dropped; median, min in the
+      JSON), its share of the P1 difference (compile ms / P1 diff ms, the
+      diff/ratio column), and the file's line count.
   P2  command exit -> supervisor exit, the issue's definition:
       median(`-- sleep 0.2`) - median(`-- true`) - 200 ms. P2b, the same
       thing measured directly: the command writes time.monotonic() and exits
@@ -68,15 +73,44 @@ How each row is measured
       `PY -c "import time; time.sleep(1)"` running at the same time. Not
       wait4's ru_maxrss: it adds the children's peaks, and posix_spawn's
       vfork-style child hands the bench's own peak to the exec'd process.
+  P11 crowded host: the P6 stop of N=100 (SIGTERM -> exit, and the
+      supervisor's CPU as in P8), on the quiet host and with P9's 5,000
+      sleeps present (the bench's children, not the supervisor's). Starting
+      them takes seconds, so the pairs are of blocks, ordered ABBA (quiet,
+      crowded | crowded, quiet | ...; 12 blocks, --quick 4), ~pairs runs a
+      side (ceil(pairs / 6) a block; --quick: pairs / 2): the sleeps start
+      and stop once per two blocks. In every block the default walk
+      (SUPERVISOR_CONTAINMENT unset, receipt "children") and the fallback
+      (=scan, receipt "scan") alternate, and the block's first run of each
+      is dropped. Checked, for the walk: crowded/quiet ratio of the medians
+      <= 1.5, of the CPU (P11a) and of the wall time (P11b). P11a-scan and
+      P11b-scan (info): the same ratios for the scan, which reads every
+      process on the host and is expected to miss.
+  P12 storm: `PY respawner.py tree 8 0.002 4000` (tests/helpers; 255
+      processes, each in a session of its own, the 128 leaves replacing
+      themselves every 2 ms), under `--timeout 1 --cleanup-timeout 2`; as
+      root inside `unshare --pid --fork --mount-proc` (the supervisor is PID 1
+      of a namespace of its own: nothing escapes, and the namespace dies with
+      it), else directly (the sweep reaps and kills by pid what is left).
+      min(pairs-big, 5) runs (--quick 3), no warm-up: every run counts.
+      Checked: cleanup_confirmed in every run and the receipt's duration_s
+      <= timeout + 3 x cleanup + 2 s = 9 s in every run (the max). The JSON
+      gives the medians of the ladder's steps and the bench's wall time;
+      P12-drain (info) the receipt's draining step. A run still going after
+      30 s is killed, and the row stops there (a miss). The storm runs
+      without -I -S, as the tests run it: under -I -S the interpreter is
+      smaller and forks about twice as fast, a harsher storm.
   ref rows: GNU timeout / tini, when on PATH, for P1, P2 and P6 (timeout and
       tini exit when their child exits: they do not wait for the tree).
 
 Rows with N=1000 use fewer pairs (--pairs-big) to stay within ~5 minutes on
-two cores; the table's N column says how many. Everything the bench starts
-is its own child or is adopted by it (it is a child subreaper); at the end,
-and on Ctrl-C or an error, it kills its remaining children by pid (unreaped,
-so the pid is still theirs) and the 5,000 sleeps by their process group,
-reaps everything, and removes its temporary directory.
+two cores; the table's N column says how many (P11: runs a side, P12: runs
+with a receipt). Everything the bench starts is its own child or is adopted
+by it (it is a child subreaper; a P12 storm in its PID namespace dies with
+the namespace); at the end, and on Ctrl-C or an error, it kills its
+remaining children by pid (unreaped, so the pid is still theirs) and the
+5,000 sleeps by their process group, reaps everything, and removes its
+temporary directory.
 
 Exit status: 0 every checked row passed, 1 some row missed its target,
 2 the bench failed or was refused, 130 interrupted.
@@ -103,8 +137,20 @@ PR_SET_CHILD_SUBREAPER = 36
 GRACE = 0.2            # P7: --cleanup-timeout, and the yardstick's SIGTERM -> SIGKILL wait
 P3_TIMEOUT = 0.2       # P3: the deadline
 IDLE_WINDOW = 10.0     # P5/P9: seconds between the two CPU samples
-BUSY_HOST = 5000       # P9: unrelated processes
+BUSY_HOST = 5000       # P9/P11: unrelated processes
 READY_TIMEOUT = 60.0   # a helper that is not ready by then is an error
+COMPILE_REPEATS = 10   # P1c: compile() timings of supervisor.py (after one dropped)
+CROWD_N = 100          # P11: the forced stop measured on the quiet and the crowded host
+CROWD_LIMIT = 1.5      # P11: crowded / quiet, CPU and wall
+# P12: the test suite's storm, 255 processes in sessions of their own whose 128
+# leaves replace themselves every 2 ms (at most 4000 times); its bound. Run as
+# the tests run it, `PY respawner.py`: under -I -S the interpreter is smaller
+# and forks about twice as fast, which is a harsher storm than the tests'.
+RESPAWNER = os.path.join(ROOT, "tests", "helpers", "respawner.py")
+STORM = ["tree", "8", "0.002", "4000"]
+STORM_TIMEOUT, STORM_CLEANUP = 1.0, 2.0
+STORM_BOUND = STORM_TIMEOUT + 3 * STORM_CLEANUP + 2.0
+STORM_ABORT = 30.0     # P12: a run still going by then is killed (a miss, and no more runs)
 
 # --- Helpers written into the temporary directory, run as `PY -I -S file` ----------------
 
@@ -310,9 +356,10 @@ class Bench(object):
 
     # -- Processes ------------------------------------------------------------------------
 
-    def spawn(self, argv, stdout=None, pgroup=None):
+    def spawn(self, argv, stdout=None, pgroup=None, env=None):
         """posix_spawn argv (argv[0] a path or found on PATH); stdin /dev/null,
-        stdout to the fd given or /dev/null, stderr to the bench's log."""
+        stdout to the fd given or /dev/null, stderr to the bench's log; the
+        bench's environment unless env is given."""
         path = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
         actions = [(os.POSIX_SPAWN_DUP2, self.devnull, 0),
                    (os.POSIX_SPAWN_DUP2, self.devnull if stdout is None else stdout, 1),
@@ -320,7 +367,7 @@ class Bench(object):
         kwargs = {"file_actions": actions}
         if pgroup is not None:
             kwargs["setpgroup"] = pgroup
-        return os.posix_spawn(path, argv, os.environ, **kwargs)
+        return os.posix_spawn(path, argv, os.environ if env is None else env, **kwargs)
 
     def timed_run(self, argv):
         """Wall seconds of one whole process, and its wait status."""
@@ -454,20 +501,52 @@ class Bench(object):
 
     def p1_startup(self):
         progress("P1 startup")
+        diffs = {}
         for flags, row, limit, bare in (([], "P1", 15.0, "PY -c pass"),
                                         (["-I", "-S"], "P1-IS", 25.0, "PY -I -S -c pass")):
             sup = [self.py] + flags + [SUPERVISOR, "--timeout", "600", "--", "true"]
             sup_ms, bare_ms = self.wall_pairs(sup, [self.py] + flags + ["-c", "pass"])
             diff = median(sup_ms) - median(bare_ms)
+            diffs[row] = diff
             self.add_row(row, "startup %s-- true, over %s" % (" ".join(flags) + " " if flags else "",
                                                                bare),
                          sup_ms, "ms", "diff <= %g ms" % limit, diff, limit, yard=bare_ms,
                          extra={"paired_diff_median": median([s - b for s, b in zip(sup_ms, bare_ms)])})
+        self.p1_compile_share(diffs)
         true = shutil.which("true")
         for name, prefix in reference_tools():
             tool_ms, true_ms = self.wall_pairs(prefix + [true], [true])
             self.add_row("P1-ref", "%s true, over bare true" % " ".join([name] + prefix[1:]),
                          tool_ms, "ms", "reference", None, yard=true_ms)
+
+    def p1_compile_share(self, diffs):
+        """P1c: how much of the P1 difference is compiling supervisor.py, which
+        Python does from source on every start (no .pyc for __main__)."""
+        with open(SUPERVISOR, "rb") as f:
+            source = f.read()
+        lines = len(source.splitlines())
+        times = []
+        for i in range(COMPILE_REPEATS + 1):
+            t0 = time.perf_counter()
+            compile(source, SUPERVISOR, "exec", dont_inherit=True)
+            if i:  # the first one warms up
+                times.append((time.perf_counter() - t0) * 1000)
+        bench_py = os.path.realpath(sys.executable)
+        if bench_py != self.py:
+            self.note("P1c: compile() was timed in the bench's interpreter %s, not in %s"
+                      % (bench_py, self.py))
+        share = median(times) / diffs["P1"] if diffs["P1"] > 0 else float("nan")
+        share_is = median(times) / diffs["P1-IS"] if diffs["P1-IS"] > 0 else float("nan")
+        self.add_row("P1c", "compile supervisor.py (%d lines): share of the P1 diff" % lines,
+                     times, "ms", "info (share of P1 diff)", None, yard_median=diffs["P1"],
+                     diff=share, diff_text="share",
+                     extra={"compile_ms_median": median(times), "compile_ms_min": min(times),
+                            "p1_diff_ms": diffs["P1"], "compile_share_of_p1_diff": share,
+                            "p1_is_diff_ms": diffs["P1-IS"], "compile_share_of_p1_is_diff": share_is,
+                            "supervisor_lines": lines, "supervisor_bytes": len(source),
+                            "compile_python": bench_py,
+                            "yardstick_note": "the P1 diff (median startup minus median "
+                                              "PY -c pass), same run"})
 
     # P2 ---------------------------------------------------------------------------------------
 
@@ -658,11 +737,19 @@ class Bench(object):
 
     # P6 / P7 / P8 -----------------------------------------------------------------------------
 
-    def drain_supervised(self, n, mode, prefix=None):
+    def drain_supervised(self, n, mode, prefix=None, containment=None, label="P6/P7"):
         """One forced stop under the supervisor (or, with prefix, under a
         reference tool): (ms from SIGTERM to its exit, its CPU ms meanwhile,
         ms from SIGTERM to the receipt's ended_at, i.e. supervise() returning,
-        before the receipt is written and the interpreter exits)."""
+        before the receipt is written and the interpreter exits). With
+        containment ("children" or "scan"), SUPERVISOR_CONTAINMENT is unset
+        or set to scan for the supervisor, and its receipt must say so."""
+        env, expected = None, {}
+        if containment is not None:
+            env = dict((k, v) for k, v in os.environ.items() if k != "SUPERVISOR_CONTAINMENT")
+            if containment == "scan":
+                env["SUPERVISOR_CONTAINMENT"] = "scan"
+            expected["containment"] = containment
         if prefix is None:
             options = ["--timeout", "600"] + (["--cleanup-timeout", str(GRACE)] if mode == "ignore" else [])
             argv, receipt_path = self.supervisor(options, [self.py, "-I", "-S", self.tree, str(n), mode])
@@ -670,7 +757,7 @@ class Bench(object):
             argv, receipt_path = prefix + [self.py, "-I", "-S", self.tree, str(n), mode], None
         read_end, write_end = os.pipe()
         try:
-            pid = self.spawn(argv, stdout=write_end)
+            pid = self.spawn(argv, stdout=write_end, env=env)
             os.close(write_end)
             write_end = None
             read_ready(read_end, "tree helper N=%d" % n)
@@ -685,11 +772,12 @@ class Bench(object):
             os.close(read_end)
             if write_end is not None:
                 os.close(write_end)
-        context = "N=%d %s%s" % (n, mode, "" if prefix is None else " " + prefix[0])
+        context = "N=%d %s%s%s" % (n, mode, "" if prefix is None else " " + prefix[0],
+                                   "" if containment is None else " " + containment)
         returned = float("nan")
         if receipt_path is not None:
-            receipt = self.check_receipt(receipt_path, "P6/P7 " + context, stop_reason="signal",
-                                         exit_status=128 + signal.SIGTERM)
+            receipt = self.check_receipt(receipt_path, label + " " + context, stop_reason="signal",
+                                         exit_status=128 + signal.SIGTERM, **expected)
             if receipt is not None:
                 returned = (parse_utc(receipt["ended_at"]) - wall0) * 1000
             if exit_code(status) != 128 + signal.SIGTERM:
@@ -773,8 +861,8 @@ class Bench(object):
 
     # P9 ---------------------------------------------------------------------------------------
 
-    def start_busy_host(self):
-        progress("P9 starting %d unrelated sleeps" % BUSY_HOST)
+    def start_busy_host(self, context="P9"):
+        progress("%s starting %d unrelated sleeps" % (context, BUSY_HOST))
         sleep = shutil.which("sleep")
         leader = self.spawn([sleep, "600"], pgroup=0)
         self.keep.add(leader)
@@ -904,6 +992,162 @@ class Bench(object):
                          "MiB", "diff <= 5 MiB", diff, 5.0, yard=bare,
                          extra={"yardstick_note": "VmHWM of PY -c 'import time; time.sleep(1)'"})
 
+    # P11 --------------------------------------------------------------------------------------
+
+    def p11_crowded_host(self):
+        """The P6 N=100 stop on the quiet and on the crowded host, in blocks
+        ordered ABBA (quiet, crowded | crowded, quiet | ...) so the 5,000
+        sleeps start and stop once per two blocks; inside a block the walk
+        and the scan alternate, and each block drops its first run of each."""
+        rounds = 2 if self.quick else 6
+        per_block = max(1, -(-self.pairs // rounds))  # ceil(pairs / rounds)
+        progress("P11 forced stop N=%d, quiet vs %d more processes: %d blocks of %d runs each"
+                 % (CROWD_N, BUSY_HOST, 2 * rounds, per_block))
+        kinds = ("children", "scan")
+        series = dict(((crowded, kind), {"ms": [], "cpu": []})
+                      for crowded in (False, True) for kind in kinds)
+        processes = {False: [], True: []}
+        try:
+            for r in range(rounds):
+                for crowded in ((False, True) if r % 2 == 0 else (True, False)):
+                    if crowded and self.host_group is None:
+                        self.start_busy_host("P11")
+                    elif not crowded and self.host_group is not None:
+                        self.stop_busy_host()
+                    processes[crowded].append(sum(1 for name in os.listdir("/proc") if name.isdigit()))
+                    for i in range(per_block + 1):
+                        for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                            ms, cpu, _ = self.drain_supervised(CROWD_N, "obey", containment=kind,
+                                                               label="P11")
+                            if i:  # the block's first run of each kind warms up
+                                series[crowded, kind]["ms"].append(ms)
+                                series[crowded, kind]["cpu"].append(cpu)
+        finally:
+            self.stop_busy_host()
+        quiet, crowd = median(processes[False]), median(processes[True])
+        for kind in kinds:
+            suffix, walk = ("", True) if kind == "children" else ("-scan", False)
+            for key, letter, unit, what in (("cpu", "a", "ms CPU", "CPU of a %d-process stop"),
+                                            ("ms", "b", "ms", "SIGTERM -> exit, %d processes")):
+                calm, busy = series[False, kind][key], series[True, kind][key]
+                ratio = median(busy) / median(calm) if median(calm) else float("inf")
+                self.add_row("P11" + letter + suffix,
+                             "%s, %s: %d vs %d on the host" % (
+                                 what % CROWD_N, "walk" if walk else "scan (info)", crowd, quiet),
+                             busy, unit, "crowded/quiet <= %g" % CROWD_LIMIT if walk
+                             else "info (walk: <= %g)" % CROWD_LIMIT,
+                             ratio if walk else None, CROWD_LIMIT if walk else None,
+                             yard=calm, diff=ratio, diff_text="ratio",
+                             extra={"ratio": ratio, "containment": kind,
+                                    "host_processes_quiet": quiet, "host_processes_crowded": crowd,
+                                    "blocks": 2 * rounds, "runs_per_block": per_block,
+                                    "yardstick_note": "the same stop on the quiet host, "
+                                                      "interleaved in blocks"})
+
+    # P12 --------------------------------------------------------------------------------------
+
+    def pid_namespace(self):
+        """(argv prefix, why not): unshare --pid --fork --mount-proc when root
+        and it works here, else (None, the reason)."""
+        if os.geteuid() != 0:
+            return None, "not root"
+        unshare = shutil.which("unshare")
+        if unshare is None:
+            return None, "no unshare on PATH"
+        prefix = [unshare, "--pid", "--fork", "--mount-proc"]
+        _, status = self.timed_run(prefix + [shutil.which("true")])
+        if exit_code(status) != 0:
+            return None, "unshare --pid failed here (exit %d)" % exit_code(status)
+        return prefix, None
+
+    def storm_run(self, prefix, i):
+        """One storm under the supervisor (inside prefix, when given): its
+        receipt (None if unreadable), the bench's wall seconds (to ~10 ms),
+        its READY line, and whether it had to be killed at STORM_ABORT."""
+        argv, receipt_path = self.supervisor(
+            ["--timeout", "%g" % STORM_TIMEOUT, "--cleanup-timeout", "%g" % STORM_CLEANUP],
+            [self.py, RESPAWNER] + STORM)
+        ready_path = os.path.join(self.out, "p12-%d" % i)
+        fd = os.open(ready_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            t0 = time.perf_counter()
+            pid = self.spawn((prefix or []) + argv, stdout=fd)
+        finally:
+            os.close(fd)
+        aborted = False
+        while not has_exited(pid):  # polled: a storm that wins must not hang the bench
+            if time.perf_counter() - t0 > STORM_ABORT:
+                # Our unreaped child (unshare or the supervisor). In a namespace
+                # its PID 1, the supervisor, comes to us and the sweep kills it.
+                os.kill(pid, signal.SIGKILL)
+                aborted = True
+                self.note("P12 run %d: still running after %g s; killed" % (i, STORM_ABORT))
+                break
+            time.sleep(0.01)
+        _, status = os.waitpid(pid, 0)
+        wall = time.perf_counter() - t0
+        # Without a namespace the storm's leftovers are ours now: reap them, and
+        # kill by pid what is still alive after the grace (noted: a failed drain).
+        self.sweep("P12 run %d" % i, expected=aborted)
+        receipt = self.check_receipt(receipt_path, "P12 run %d" % i, stop_reason="timeout",
+                                     exit_status=124)
+        if exit_code(status) != 124 and not aborted:
+            self.note("P12 run %d: %s exited %d, expected 124"
+                      % (i, "unshare" if prefix else "the supervisor", exit_code(status)))
+        ready = (read_text(ready_path) or "").strip()
+        os.unlink(ready_path)
+        return receipt, wall, ready, aborted
+
+    def p12_storm(self):
+        if not os.path.exists(RESPAWNER):
+            self.note("P12: %s not found; no storm row" % RESPAWNER)
+            return
+        prefix, why_not = self.pid_namespace()
+        count = max(1, min(self.pairs_big, 3 if self.quick else 5))
+        where = "own PID namespace" if prefix else "no PID namespace: " + why_not
+        progress("P12 storm, %d runs (%s)" % (count, where))
+        durations, drains, walls, confirmed, steps, ready = [], [], [], 0, {}, set()
+        for i in range(count):
+            receipt, wall, line, aborted = self.storm_run(prefix, i)
+            walls.append(wall)
+            ready.add(line)
+            if aborted:
+                break  # a miss already; the rest would cost STORM_ABORT each
+            if receipt is None:
+                continue
+            confirmed += receipt.get("cleanup_confirmed") is True
+            durations.append(receipt["duration_s"])
+            for step in receipt.get("ladder") or []:
+                steps.setdefault(step["step"], []).append(step["duration_s"])
+            draining = [s["duration_s"] for s in receipt.get("ladder") or [] if s["step"] == "draining"]
+            if draining:
+                drains.append(draining[0])
+            else:
+                self.note("P12 run %d: no draining step in the receipt's ladder" % i)
+        if ready != set(["READY 255"]):
+            self.note("P12: the storm said %s, expected READY 255" % sorted(ready))
+        # A run without a receipt has no duration: it fails the check, and the
+        # figures are over the runs that have one.
+        worst = max(durations) if len(durations) == count else float("nan")
+        passed = confirmed == count and worst <= STORM_BOUND  # nan compares False
+        durations, drains = durations or [float("nan")], drains or [float("nan")]
+        what = "storm, 255 in own sessions, leaves respawn every 2 ms (%s)" % (
+            "own PID namespace" if prefix else "no PID namespace")
+        extra = {"runs": len(walls), "runs_planned": count, "confirmed_runs": confirmed,
+                 "pid_namespace": prefix is not None,
+                 "pid_namespace_note": why_not, "bound_s": STORM_BOUND, "duration_s_max": worst,
+                 "duration_s_median": median(durations), "draining_s_median": median(drains),
+                 "wall_s": [round(w, 4) for w in walls], "wall_s_median": median(walls),
+                 "step_duration_s_medians": dict((k, median(v)) for k, v in steps.items()),
+                 "command": "PY %s %s" % (RESPAWNER, " ".join(STORM)),
+                 "options": "--timeout %g --cleanup-timeout %g" % (STORM_TIMEOUT, STORM_CLEANUP)}
+        self.add_row("P12", what + ": duration_s", durations, "s",
+                     "%d/%d confirmed, max <= %g s" % (confirmed, count, STORM_BOUND), worst,
+                     STORM_BOUND, passed=passed, extra=extra)
+        self.add_row("P12-drain", "storm: the receipt's draining step (info)", drains, "s",
+                     "info", None, extra={"runs": len(walls), "confirmed_runs": confirmed,
+                                          "pid_namespace": prefix is not None})
+
     # -- Whole run --------------------------------------------------------------------------
 
     def check_platform(self):
@@ -920,11 +1164,13 @@ class Bench(object):
         set_child_subreaper()
 
     def run(self, only=None):
-        """Every row, quiet host first, the busy host (P9) last."""
+        """Every row, quiet host first, the busy host (P9) last; P11 comes and
+        goes between the two."""
         self.check_platform()
         steps = (("P1", self.p1_startup), ("P2", self.p2_exit), ("P3", self.p3_deadline),
                  ("P4", self.p4_stop_file), ("P5", self.p5_idle), ("P6", self.p6_p7_drains),
-                 ("P10", self.p10_peak_rss), ("P9", self.p9_busy_host))
+                 ("P10", self.p10_peak_rss), ("P12", self.p12_storm),
+                 ("P11", self.p11_crowded_host), ("P9", self.p9_busy_host))
         for name, step in steps:
             if only is None or name in only:
                 step()
@@ -994,6 +1240,8 @@ def table(rows):
     for r in rows:
         if r["diff_text"] == "ratio":
             diff = "x%.2f" % r["diff"]
+        elif r["diff_text"] == "share":
+            diff = "%.0f%%" % (r["diff"] * 100)
         elif r["diff"] is None:
             diff = "-"
         else:
@@ -1033,16 +1281,18 @@ def machine_info(py):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description="Measure supervisor.py against P1-P10.")
+    parser = argparse.ArgumentParser(description="Measure supervisor.py against P1-P12.")
     parser.add_argument("--python", help="the interpreter binary to run everything with "
                         "(default: this one, resolved; pyenv shims are refused)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument("--pairs", type=int, default=None, help="pairs per row (default 30)")
     parser.add_argument("--pairs-big", type=int, default=None,
-                        help="pairs for the N=1000 rows (default: min(pairs, 12))")
+                        help="pairs for the N=1000 rows, and P12's runs up to 5 "
+                        "(default: min(pairs, 12))")
     parser.add_argument("--quick", action="store_true", help="~10 pairs, for development")
     parser.add_argument("--only", help="development: comma-separated groups to run "
-                        "(P1,P2,P3,P4,P5,P6 (P6-P8),P10,P9); P9 needs P4,P5,P6 for its ratios")
+                        "(P1,P2,P3,P4,P5,P6 (P6-P8),P10,P12,P11,P9); P9 needs P4,P5,P6 "
+                        "for its ratios")
     args = parser.parse_args(argv)
     if args.pairs is None:
         args.pairs = 10 if args.quick else 30

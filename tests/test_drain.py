@@ -189,6 +189,36 @@ def test_a_respawning_storm_is_drained_within_the_bound(tmp_path, paths):
         assert "READY 255" in result.stdout
 
 
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: the cleanup takes the CPU with CAP_SYS_NICE")
+def test_a_storm_that_forks_twice_as_fast_is_drained_too(paths):
+    """The same storm under -I -S forks about twice as fast: a supervisor with
+    no more CPU than each of its 128 sessions loses the race (the fallback is
+    an honest 'not confirmed'). With CAP_SYS_NICE the cleanup runs at the
+    highest priority, and wins."""
+    argv = supervisor_cmd(*paths.options(timeout=1, cleanup=2) + [
+        "--", PY, "-I", "-S", RESPAWNER[1], "tree", "8", "0.002", "4000"])
+    result = subprocess.run(in_own_pid_namespace(argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["cleanup_confirmed"] is True, result.stderr
+    assert receipt["duration_s"] <= 1 + 3 * 2 + 2, receipt["ladder"]
+    assert left_in_namespace(result.stdout) == []
+
+
+@pytest.mark.skipif(not IS_ROOT or not os.path.exists("/proc/self/autogroup"),
+                    reason="needs root and autogroups")
+def test_the_cpu_priority_taken_for_a_stop_is_given_back(paths):
+    """The priority of the session's autogroup outlives the supervisor: the
+    caller's shell must find it as it was."""
+    inner = " ".join(supervisor_cmd(*paths.options(timeout=0.2, cleanup=1) + ["--", "sleep", "5"]))
+    script = "cat /proc/self/autogroup; %s; cat /proc/self/autogroup; nice" % inner
+    result = subprocess.run(["setsid", "-w", "sh", "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    before, after, nice = result.stdout.splitlines()
+    assert before.split()[-1] == after.split()[-1] == "0" and nice == "0", result.stdout
+    assert read_receipt(paths.receipt)["stop_reason"] == "timeout"
+
+
 # --- Walk the run's tree, or scan: both ways find the same processes ---------------------------------
 
 @pytest.fixture(params=["children", "scan"])

@@ -30,7 +30,7 @@ RECEIPT_TYPES = {
     "cleanup_timeout_s": float, "stop_reason": str, "signal": (str, type(None)),
     "timed_out": bool, "return_code": (int, type(None)), "exit_status": int,
     "cleanup_confirmed": bool, "cleanup_s": float, "ladder": list, "containment": str,
-    "preserved": list, "survivors": list, "error": (str, type(None)),
+    "user": (dict, type(None)), "preserved": list, "survivors": list, "error": (str, type(None)),
 }
 
 

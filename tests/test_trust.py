@@ -1,0 +1,585 @@
+"""A hostile command, or a hostile neighbour, cannot make the receipt lie:
+--user, a receipt path nobody can hijack, no stale receipt, a /proc nobody
+can fake, a stop file that is always heard, a deadline that comes first.
+
+Tests that need root (--user, mounts in a private mount namespace, PID
+namespaces, mknod) skip elsewhere; CI runs as root. The unprivileged user is
+`nobody`; pyenv's interpreters live under /root (0700), so what runs as
+nobody runs under an interpreter nobody can execute (NOBODY_PY).
+"""
+import json
+import os
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest import (
+    IS_ROOT, PY, SUPERVISOR, alive, finish, kill_pinned, proc_stat, read_lines_until,
+    read_receipt, run_supervisor, start_supervisor, supervisor_cmd, wait_until,
+)
+
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root (--user, mounts, mknod)")
+NOBODY = 65534
+AS_NOBODY = ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups"]
+
+
+def _python_for_nobody():
+    """An interpreter the user nobody can run (pyenv's are under /root)."""
+    if not IS_ROOT:
+        return None
+    for candidate in (PY, "/usr/bin/python3", "/usr/local/bin/python3"):
+        # From a shell already running as nobody: setpriv itself may exec what
+        # nobody's own processes then cannot.
+        if os.path.exists(candidate) and subprocess.call(
+                AS_NOBODY + ["sh", "-c", '"$0" -c pass', candidate],
+                stderr=subprocess.DEVNULL) == 0:
+            return candidate
+    raise AssertionError("no Python that the user nobody can run: install python3 outside /root")
+
+
+NOBODY_PY = _python_for_nobody()
+
+
+@pytest.fixture
+def open_dir():
+    """A directory everyone can reach (pytest's tmp_path is 0700): a world
+    workdir `work`, and `ctl`, only root's, for the receipt."""
+    top = tempfile.mkdtemp(prefix="trust-", dir="/tmp")
+    os.chmod(top, 0o755)
+    work = os.path.join(top, "work")
+    ctl = os.path.join(top, "ctl")
+    os.mkdir(work, 0o777)
+    os.chmod(work, 0o777)
+    os.mkdir(ctl, 0o755)
+    yield {"top": top, "work": work, "ctl": ctl, "receipt": os.path.join(ctl, "receipt.json")}
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def one_line(stderr, *fragments):
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+# --- 1, 2. The receipt path: never followed, never a device ------------------------------------
+
+def test_a_symlink_at_the_receipt_path_is_replaced_never_followed(paths, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    paths.receipt.parent.mkdir()
+    paths.receipt.symlink_to(victim)
+    result = run_supervisor(*paths.options() + ["--", "true"])
+    assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "precious\n"
+    assert not paths.receipt.is_symlink() and read_receipt(paths.receipt)["exit_status"] == 0
+
+
+def test_a_dangling_symlink_at_the_receipt_path_creates_no_directories(paths, tmp_path):
+    paths.receipt.parent.mkdir()
+    paths.receipt.symlink_to(tmp_path / "nowhere" / "deeper" / "file")
+    result = run_supervisor(*paths.options() + ["--", "true"])
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "nowhere").exists()
+    assert read_receipt(paths.receipt)["exit_status"] == 0
+
+
+def test_a_fifo_at_the_receipt_path_is_refused(paths):
+    paths.receipt.parent.mkdir()
+    os.mkfifo(str(paths.receipt))
+    result = run_supervisor(*paths.options() + ["--", "touch", paths.work / "ran"])
+    assert result.returncode == 125
+    one_line(result.stderr, "--receipt", "FIFO")
+    assert stat.S_ISFIFO(os.lstat(str(paths.receipt)).st_mode)
+    assert not (paths.work / "ran").exists()
+
+
+@needs_root
+def test_a_device_at_the_receipt_path_is_refused(paths):
+    paths.receipt.parent.mkdir()
+    os.mknod(str(paths.receipt), 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null
+    result = run_supervisor(*paths.options() + ["--", "true"])
+    assert result.returncode == 125
+    one_line(result.stderr, "--receipt", "device")
+    assert stat.S_ISCHR(os.lstat(str(paths.receipt)).st_mode)
+
+
+# --- 3. No stale receipt -------------------------------------------------------------------------
+
+def test_an_earlier_receipt_is_gone_when_this_run_writes_none(paths):
+    """The command kills its supervisor: this run writes no receipt, and the
+    earlier run's must not pass for this one's."""
+    paths.receipt.parent.mkdir()
+    paths.receipt.write_text(json.dumps({"cleanup_confirmed": True}))
+    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; kill -9 $PPID"])
+    read_lines_until(proc.stdout, "started")
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert not paths.receipt.exists()
+    assert [p.name for p in paths.receipt.parent.iterdir()] == []
+
+
+# --- 4. Never a false confirmation ---------------------------------------------------------------
+
+FLIPPER = r"""
+import os, resource, signal, sys, time
+supervisor = int(sys.argv[1])
+if os.fork():
+    os._exit(0)
+os.setsid()
+print("service", os.getpid(), flush=True)
+while True:  # a kept service starving its supervisor of descriptors
+    try:
+        resource.prlimit(supervisor, resource.RLIMIT_NOFILE, (4, 4))
+    except OSError:
+        break
+    time.sleep(0.001)
+signal.pause()
+"""
+
+
+def test_a_look_that_fails_is_never_an_empty_one(paths):
+    """A kept service (same uid) flips the supervisor's RLIMIT_NOFILE: /proc
+    reads fail with EMFILE, and the cleanup of a member that ignores SIGTERM
+    must not be confirmed. The receipt is still written: its file was opened
+    at start."""
+    script = ("%s -c '%s' $PPID; trap '' TERM; (trap '' TERM; echo member $$; exec sleep 300) & "
+              "sleep 0.2; exit 0" % (PY, FLIPPER.replace("'", "'\"'\"'")))
+    proc = start_supervisor(*paths.options(cleanup=0.5) + ["--", "sh", "-c", script])
+    status, out, err = finish(proc)
+    pids = dict(line.split() for line in out.splitlines() if line.split()[0] in ("service", "member"))
+    try:
+        assert status == 125, err
+        receipt = read_receipt(paths.receipt)
+        assert receipt["cleanup_confirmed"] is False and receipt["exit_status"] == 125
+        assert "Too many open files (ulimit -n)" in receipt["error"], receipt["error"]
+        assert "0 process(es)" not in err
+        assert not alive(int(pids["member"]))
+    finally:
+        kill_pinned(int(pids["service"]))
+        wait_until(lambda: not alive(int(pids["service"])))
+
+
+@needs_root
+def test_a_proc_with_hidepid_is_refused_when_it_hides_processes(open_dir):
+    script = ("mount -t proc -o hidepid=2 proc /proc && exec %s %s %s --timeout 5 --workdir %s "
+              "-- true" % (" ".join(AS_NOBODY), NOBODY_PY, SUPERVISOR, open_dir["work"]))
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                            cwd=open_dir["work"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=60)
+    assert result.returncode == 125
+    one_line(result.stderr, "hidepid")
+
+
+@needs_root
+def test_a_proc_that_is_not_procfs_is_refused(open_dir):
+    script = "mount -t tmpfs tmpfs /proc && exec %s %s --timeout 5 -- true" % (PY, SUPERVISOR)
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                            cwd=open_dir["work"], stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=60)
+    assert result.returncode == 125
+    one_line(result.stderr, "not procfs")
+
+
+@needs_root
+@pytest.mark.parametrize("stop", [False, True])
+def test_a_tmpfs_mounted_over_proc_by_the_command_changes_nothing(paths, stop):
+    """A root command hides the run from /proc: the supervisor reads the
+    /proc it opened at start, and drains what was left, natural exit or not."""
+    script = ("(trap '' TERM; echo member $$ >&3; exec sleep 300) & "
+              "setsid sh -c 'echo tool $$ >&3; exec sleep 300' & "
+              "sleep 0.1; mount -t tmpfs tmpfs /proc; echo hidden; "
+              + ("exec sleep 300" if stop else "exit 0"))
+    options = paths.options(cleanup=0.5, stop=stop)
+    pids_file = paths.work / "pids"
+    inner = supervisor_cmd(*options + ["--", "sh", "-c", script])
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             'exec 3>"$0"; exec "$@"', str(pids_file)] + inner,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    read_lines_until(proc.stdout, "hidden")
+    if stop:
+        paths.stop.write_text("")
+    status, _, err = finish(proc)
+    pids = dict(line.split() for line in pids_file.read_text().splitlines())
+    receipt = read_receipt(paths.receipt)
+    assert receipt["cleanup_confirmed"] is True, err
+    # A natural exit keeps the tool in its own session as a service; a stop drains it.
+    assert not alive(int(pids["member"]))
+    assert alive(int(pids["tool"])) is not stop
+    assert [p["pid"] for p in receipt["preserved"]] == ([] if stop else [int(pids["tool"])])
+    kill_pinned(int(pids["tool"]))
+    wait_until(lambda: not alive(int(pids["tool"])))
+
+
+# --- 7, 8, 9. A receipt nobody can forge or move ---------------------------------------------------
+
+def test_a_planted_temporary_name_cannot_block_the_receipt(paths):
+    """The temporary name is unguessable: planting the old predictable one
+    (.receipt.json.PID.tmp) and a forged receipt changes nothing."""
+    forged = json.dumps({"cleanup_confirmed": True, "exit_status": 0, "forged": True})
+    script = ("d=%s; echo '%s' > $d/receipt.json; echo x > $d/.receipt.json.$PPID.tmp; exit 3"
+              % (paths.receipt.parent, forged))
+    paths.receipt.parent.mkdir()
+    result = run_supervisor(*paths.options() + ["--", "sh", "-c", script])
+    assert result.returncode == 3, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert "forged" not in receipt and receipt["exit_status"] == 3
+
+
+@needs_root
+def test_a_temporary_file_left_by_an_earlier_pid_1_does_not_block_the_receipt(paths):
+    """PID 1 of a container always has pid 1: a temporary file left by a
+    SIGKILL during an earlier write must not block every later receipt."""
+    paths.receipt.parent.mkdir()
+    stray = paths.receipt.parent / ".receipt.json.1.tmp"
+    stray.write_text("left by an earlier run\n")
+    argv = ["unshare", "--pid", "--fork", "--mount-proc"] + supervisor_cmd(
+        *paths.options() + ["--", "true"])
+    result = subprocess.run(argv, stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert read_receipt(paths.receipt)["supervisor_pid"] == 1
+
+
+def test_a_receipt_directory_swapped_for_a_symlink_cannot_move_the_receipt(paths, tmp_path):
+    """The directory is held open from the start: swapped during the run for
+    a symlink into the workdir, the receipt still lands where it was meant to
+    (outside the workdir), and nothing lands inside."""
+    out = paths.receipt.parent
+    script = "mv %s %s/moved && ln -s %s %s && exit 4" % (out, tmp_path, paths.work, out)
+    result = run_supervisor(*paths.options() + ["--", "sh", "-c", script])
+    assert result.returncode == 4, result.stderr
+    assert not (paths.work / "receipt.json").exists()
+    assert json.loads((tmp_path / "moved" / "receipt.json").read_text())["exit_status"] == 4
+
+
+# --- 10. The caller's jobs stay the caller's -------------------------------------------------------
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_orphans_of_the_callers_jobs_are_neither_kept_nor_killed(paths, forced):
+    """A job of the caller's shell (same process group as the shell, which
+    execs the supervisor) orphans a child during the run: adopted, it is the
+    caller's, never preserved, never signalled, before or after the stop."""
+    if forced:
+        inner = supervisor_cmd(*paths.options(timeout=0.3, cleanup=1) + [
+            "--", "sh", "-c", "trap '' TERM; exec sleep 30"])  # sleep inherits TERM ignored
+        delay = "0.6"  # adopted during the grace, after the stop decision
+    else:
+        inner = supervisor_cmd(*paths.options() + ["--", "sleep", "1"])
+        delay = "0.3"  # adopted while the command runs
+    script = ("(sleep %s; sleep 300 >/dev/null 2>&1 & echo $! > %s) & exec %s" % (
+        delay, paths.work / "orphan", " ".join(shlex.quote(str(a)) for a in inner)))
+    result = subprocess.run(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=60)
+    orphan = int((paths.work / "orphan").read_text())
+    try:
+        assert result.returncode == (124 if forced else 0), result.stderr
+        receipt = read_receipt(paths.receipt)
+        assert receipt["preserved"] == [] and receipt["cleanup_confirmed"] is True
+        assert alive(orphan) and proc_stat(orphan)[0] != "T"
+    finally:
+        kill_pinned(orphan)
+        wait_until(lambda: not alive(orphan))
+
+
+# --- 11. A directory we may write but not read ----------------------------------------------------
+
+@needs_root
+def test_a_receipt_directory_writable_but_not_readable_works(open_dir):
+    box = os.path.join(open_dir["top"], "dropbox")
+    os.mkdir(box)
+    os.chown(box, NOBODY, NOBODY)
+    os.chmod(box, 0o333)  # write and search, no read
+    receipt = os.path.join(box, "receipt.json")
+    argv = AS_NOBODY + [NOBODY_PY, SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
+                        "--receipt", receipt, "--", "true"]
+    result = subprocess.run(argv, cwd=open_dir["work"], stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    with open(receipt) as f:
+        assert json.load(f)["cleanup_confirmed"] is True
+
+
+# --- 12. preserved is true when written -------------------------------------------------------------
+
+def test_preserved_lists_only_services_alive_when_the_receipt_is_written(paths):
+    script = ("setsid -f sh -c 'echo keeps $$; exec sleep 300'; "
+              "setsid -f sh -c 'trap \"exit 0\" TERM; echo quits $$; while :; do sleep 0.01; done'; "
+              "sleep 0.3; echo started; trap '' TERM; sleep 30")
+    proc = start_supervisor(*paths.options(cleanup=0.5, stop=True) + ["--", "sh", "-c", script])
+    lines = read_lines_until(proc.stdout, "started")
+    pids = dict(line.split() for line in lines if line.split()[0] in ("keeps", "quits"))
+    keeps = int(pids["keeps"])
+    paths.stop.write_text("")
+    # The quitter is a kept service too, but it ends during the grace:
+    os.kill(int(pids["quits"]), signal.SIGTERM)
+    status, _, err = finish(proc)
+    try:
+        assert status == 124, err
+        receipt = read_receipt(paths.receipt)
+        assert [p["pid"] for p in receipt["preserved"]] == [keeps]
+        assert receipt["preserved"][0]["start_time"] == proc_stat(keeps)[4]
+        assert receipt["preserved"][0]["command"] == ["sleep", "300"]
+    finally:
+        kill_pinned(keeps)
+        wait_until(lambda: not alive(keeps))
+
+
+# --- 13. The deadline comes first ------------------------------------------------------------------
+
+def test_a_supervisor_stopped_past_its_deadline_stops_the_run_as_timeout(paths):
+    """The command stops its supervisor (same uid): resumed after the deadline
+    with a SIGTERM pending, the deadline came first."""
+    proc = start_supervisor(*paths.options(timeout=0.5, cleanup=1) + [
+        "--", "sh", "-c", "kill -STOP $PPID; exec sleep 30"])
+    assert wait_until(lambda: (proc_stat(proc.pid) or ("?",))[0] == "T")
+    started = time.monotonic()
+    assert wait_until(lambda: time.monotonic() - started > 0.6)  # past the deadline, stopped
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
+    status, _, err = finish(proc)
+    assert status == 124, err
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "timeout" and receipt["signal"] is None
+
+
+# --- 14. The stop file: always heard, never confused ---------------------------------------------------
+
+def stop_noticed(proc, paths, change):
+    """Make `change`, create the stop file, and return how long the
+    supervisor took to stop (well under the 2 s safety check: inotify)."""
+    read_lines_until(proc.stdout, "started")
+    change()
+    created = time.monotonic()
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    assert status == 124, err
+    assert read_receipt(paths.receipt)["stop_reason"] == "stop_file"
+    return time.monotonic() - created
+
+
+def test_the_stop_file_is_noticed_after_an_ancestor_is_renamed(paths, tmp_path):
+    (tmp_path / "ctl" / "run").mkdir(parents=True)
+    paths.stop = tmp_path / "ctl" / "run" / "stop"
+    proc = start_supervisor(*paths.options(stop=True) + ["--", "sh", "-c", "echo started; exec sleep 30"])
+
+    def rename_ancestor():
+        os.rename(str(tmp_path / "ctl"), str(tmp_path / "ctl-old"))
+        (tmp_path / "ctl" / "run").mkdir(parents=True)
+    assert stop_noticed(proc, paths, rename_ancestor) < 1.0
+
+
+def test_the_stop_file_is_noticed_after_a_symlinked_ancestor_is_re_pointed(paths, tmp_path):
+    for run in ("run1", "run2"):
+        (tmp_path / run).mkdir()
+    (tmp_path / "current").symlink_to("run1")
+    paths.stop = tmp_path / "current" / "stop"
+    proc = start_supervisor(*paths.options(stop=True) + ["--", "sh", "-c", "echo started; exec sleep 30"])
+
+    def re_point():
+        (tmp_path / "next").symlink_to("run2")
+        os.rename(str(tmp_path / "next"), str(tmp_path / "current"))  # as ln -sfn does
+    assert stop_noticed(proc, paths, re_point) < 1.0
+    assert (tmp_path / "run2" / "stop").exists()
+
+
+def test_a_stop_path_that_cannot_be_looked_at_is_refused(paths, tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to("loop")
+    paths.stop = loop / "stop"  # ELOOP, for root too
+    result = run_supervisor(*paths.options(stop=True) + ["--", "touch", paths.work / "ran"])
+    assert result.returncode == 125
+    one_line(result.stderr, "--stop-file", "symbolic links")
+    assert not (paths.work / "ran").exists() and not paths.receipt.parent.exists()
+
+
+@needs_root
+def test_a_stop_file_the_supervisor_may_not_look_at_is_refused(open_dir):
+    locked = os.path.join(open_dir["top"], "locked")
+    os.mkdir(locked, 0o700)  # root's: nobody cannot search it
+    argv = AS_NOBODY + [NOBODY_PY, SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
+                        "--stop-file", os.path.join(locked, "stop"), "--", "true"]
+    result = subprocess.run(argv, cwd=open_dir["work"], stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=60)
+    assert result.returncode == 125
+    one_line(result.stderr, "--stop-file", "Permission denied")
+
+
+def test_a_stop_path_equal_to_the_receipt_path_is_refused(paths):
+    result = run_supervisor(*paths.options() + ["--stop-file", paths.receipt, "--", "true"])
+    assert result.returncode == 125
+    one_line(result.stderr, "--stop-file", "receipt")
+    assert not paths.receipt.parent.exists()
+
+
+# --- 15, 16. Refusals leave nothing; every message is one line ------------------------------------------
+
+@needs_root
+def test_a_proc_of_another_pid_namespace_leaves_no_directories(paths):
+    argv = ["unshare", "--pid", "--fork"] + supervisor_cmd(*paths.options() + ["--", "true"])
+    result = subprocess.run(argv, stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    assert result.returncode == 125
+    one_line(result.stderr, "PID namespace")
+    assert not paths.receipt.parent.exists()
+
+
+@needs_root
+def test_a_refused_fork_names_the_limit_and_leaves_no_directories(open_dir):
+    box = os.path.join(open_dir["top"], "box")
+    os.mkdir(box)
+    os.chown(box, NOBODY, NOBODY)
+    receipt = os.path.join(box, "new", "receipt.json")
+    argv = ["prlimit", "--nproc=1:1"] + AS_NOBODY + [
+        NOBODY_PY, SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
+        "--receipt", receipt, "--", "true"]
+    result = subprocess.run(argv, cwd=open_dir["work"], stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=60)
+    assert result.returncode == 125
+    one_line(result.stderr, "fork: Resource temporarily unavailable (ulimit -u, pids.max)")
+    assert os.listdir(box) == []
+
+
+def test_a_deleted_current_directory_is_refused_and_leaves_no_directories(paths, tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = "cd %s && rmdir %s && exec %s" % (gone, gone, " ".join(
+        shlex.quote(str(a)) for a in supervisor_cmd("--timeout", 5, "--workdir", paths.work,
+                                           "--receipt", paths.receipt, "--stop-file", "stop",
+                                           "--", "true")))
+    result = subprocess.run(["sh", "-c", script], stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=60)
+    assert result.returncode == 125
+    one_line(result.stderr, "current directory")
+    assert not paths.receipt.parent.exists()
+
+
+def test_a_newline_in_a_path_cannot_add_a_line_to_the_message(paths, tmp_path):
+    evil = tmp_path / "x\nsupervisor.py: cleanup confirmed"
+    result = run_supervisor(*paths.options() + ["--workdir", evil, "--", "true"])
+    assert result.returncode == 125
+    one_line(result.stderr, "--workdir", "\\n")
+
+
+# --- --user ------------------------------------------------------------------------------------
+
+def user_run(open_dir, *args, command=("id",), **kwargs):
+    argv = supervisor_cmd("--timeout", 10, "--workdir", open_dir["work"], "--receipt",
+                          open_dir["receipt"], *args, "--", *command)
+    return subprocess.run(argv, cwd=open_dir["work"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=60, **kwargs)
+
+
+@needs_root
+def test_user_runs_the_command_as_that_user_with_no_way_back(open_dir):
+    script = ("id -u; id -g; id -G; echo $HOME $USER $LOGNAME; "
+              "grep NoNewPrivs /proc/self/status; pwd")
+    result = user_run(open_dir, "--user", "nobody", command=("sh", "-c", script),
+                      env=dict(os.environ, HOME="/root", USER="root", LOGNAME="root"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0:2] == [str(NOBODY), str(NOBODY)] and lines[2].split() == [str(NOBODY)]
+    assert lines[3] == "/nonexistent nobody nobody"
+    assert lines[4].split() == ["NoNewPrivs:", "1"] and lines[5] == open_dir["work"]
+    receipt = read_receipt(open_dir["receipt"])
+    assert receipt["user"] == {"uid": NOBODY, "gid": NOBODY}
+
+
+@needs_root
+def test_user_as_a_uid_without_a_passwd_entry(open_dir):
+    result = user_run(open_dir, "--user", "54321", command=("sh", "-c", "id -u; id -g; id -G; echo $HOME"),
+                      env=dict(os.environ, HOME="/kept"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["54321", "54321", "54321", "/kept"]
+    assert read_receipt(open_dir["receipt"])["user"] == {"uid": 54321, "gid": 54321}
+
+
+@needs_root
+def test_user_with_a_group(open_dir):
+    result = user_run(open_dir, "--user", "nobody:daemon", command=("id", "-g"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1"
+    assert read_receipt(open_dir["receipt"])["user"] == {"uid": NOBODY, "gid": 1}
+
+
+@needs_root
+@pytest.mark.parametrize("spec, words", [
+    ("no-such-user", ["--user", "no user"]),
+    ("nobody:no-such-group", ["--user", "no group"]),
+    ("", ["--user"]),
+])
+def test_user_refuses_what_does_not_exist(open_dir, spec, words):
+    result = user_run(open_dir, "--user", spec, command=("touch", "ran"))
+    assert result.returncode == 125
+    one_line(result.stderr, *words)
+    assert os.listdir(open_dir["work"]) == [] and os.listdir(open_dir["ctl"]) == []
+
+
+@needs_root
+def test_user_refuses_a_workdir_that_user_cannot_enter(open_dir):
+    os.chmod(open_dir["work"], 0o700)
+    result = user_run(open_dir, "--user", "nobody", command=("true",))
+    assert result.returncode == 125
+    one_line(result.stderr, "--user", "cannot enter")
+
+
+@needs_root
+def test_user_refuses_a_receipt_directory_that_user_could_write(open_dir):
+    os.chmod(open_dir["ctl"], 0o777)
+    result = user_run(open_dir, "--user", "nobody", command=("true",))
+    assert result.returncode == 125
+    one_line(result.stderr, "--user", open_dir["ctl"])
+    os.chmod(open_dir["ctl"], 0o1777)  # sticky, as /tmp: nobody may not replace root's files
+    result = user_run(open_dir, "--user", "nobody", command=("true",))
+    assert result.returncode == 0, result.stderr
+
+
+@needs_root
+def test_user_needs_the_privilege_to_switch(open_dir):
+    argv = AS_NOBODY + [NOBODY_PY, SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
+                        "--user", "root", "--", "true"]
+    result = subprocess.run(argv, cwd=open_dir["work"], stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=60)
+    assert result.returncode == 125
+    one_line(result.stderr, "--user", "needs root")
+
+
+HOSTILE = r"""
+import ctypes, os, signal, sys
+receipt = sys.argv[1]
+supervisor = os.getppid()
+def attempt(name, action):
+    try:
+        action()
+        print(name, "allowed", flush=True)
+    except OSError as e:
+        print(name, "denied", e.errno, flush=True)
+def ptrace():
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.ptrace(16, supervisor, 0, 0) != 0:  # PTRACE_ATTACH
+        raise OSError(ctypes.get_errno(), "ptrace")
+attempt("term", lambda: os.kill(supervisor, signal.SIGTERM))
+attempt("stop", lambda: os.kill(supervisor, signal.SIGSTOP))
+attempt("ptrace", ptrace)
+attempt("mem", lambda: open("/proc/%d/mem" % supervisor, "rb"))
+attempt("write", lambda: open(receipt, "w"))
+attempt("plant", lambda: open(os.path.join(os.path.dirname(receipt), "planted"), "w"))
+"""
+
+
+@needs_root
+def test_under_user_the_command_cannot_touch_its_supervisor_or_receipt(open_dir):
+    result = user_run(open_dir, "--user", "nobody",
+                      command=(NOBODY_PY, "-c", HOSTILE, open_dir["receipt"]))
+    assert result.returncode == 0, result.stderr
+    outcomes = dict(line.split(None, 1) for line in result.stdout.splitlines())
+    assert set(outcomes) == {"term", "stop", "ptrace", "mem", "write", "plant"}
+    assert all(outcome.startswith("denied") for outcome in outcomes.values()), outcomes
+    receipt = read_receipt(open_dir["receipt"])
+    assert receipt["cleanup_confirmed"] is True and receipt["exit_status"] == 0
+    assert os.listdir(open_dir["ctl"]) == ["receipt.json"]
