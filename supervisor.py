@@ -60,6 +60,8 @@ EXEC_TIMEOUT_SLACK = 30.0
 # What a run may take beyond timeout + CLEANUP_PHASE_COUNT * cleanup_timeout:
 # the last SIGKILL pass and the confirming look, once the drain's budget is spent.
 _FINAL_PASS_LIMIT = 1.0
+# The same stop signal again within this is the same request.
+_STOP_BURST = 0.25
 # Passes over our own children that a kill walk makes first (see
 # _ProcTree._stop_own_children).
 _STOP_PASSES = 8
@@ -72,7 +74,9 @@ _REAP_BATCH = 256
 # A drain round waits this long at most for what it killed before it walks the
 # tree again, so a process stuck in D state cannot hide new adoptions.
 _DRAIN_ROUND_LIMIT = 0.05
-RECEIPT_SCHEMA_VERSION = 1
+RECEIPT_SCHEMA_VERSION = 2
+# The receipt lists at most this many drained processes (drained_count has all).
+_DRAINED_LIMIT = 1000
 
 EXIT_TIMED_OUT = 124
 EXIT_FAILURE = 125
@@ -196,7 +200,8 @@ def _define_receipt_type():
         "duration_s": float, "timeout_s": float, "cleanup_timeout_s": float,
         "stop_reason": str, "signal": Optional[str], "exit_status": int,
         "cleanup_s": float, "ladder": list, "containment": str, "user": Optional[dict],
-        "preserved": list, "survivors": list,
+        "preserved": list, "survivors": list, "drained": list, "drained_count": int,
+        "usage": dict,
     }
     return TypedDict("CleanupReceipt", fields)
 
@@ -236,6 +241,8 @@ class _Libc(object):
 
 
 _LIBC = []
+# What messages start with: the installed command's name, or this file's.
+_PROG = "treereap" if __name__ == "treereap" else os.path.basename(__file__)
 
 
 def _libc():
@@ -246,7 +253,7 @@ def _libc():
 
 def _require_linux():
     if not sys.platform.startswith("linux"):
-        raise SupervisorError("supervisor.py needs Linux (prctl, /proc); this is %s" % sys.platform)
+        raise SupervisorError("%s needs Linux (prctl, /proc); this is %s" % (_PROG, sys.platform))
 
 
 def _set_subreaper(enabled):
@@ -492,17 +499,19 @@ class _ProcFS(object):
             raise SupervisorError("/proc belongs to another PID namespace; mount this one's "
                                   "(unshare --mount-proc, or mount -t proc proc /proc)")
 
-    def read(self, path):
-        """The bytes of /proc/path, or None when what it describes is gone."""
+    def read(self, path, one_record=False):
+        """The bytes of /proc/path, or None when what it describes is gone.
+        Read to EOF: a seq_file answers a read with at most a page of whole
+        records, so a short read is not the end (a list of 700 children is
+        two pages). one_record: a file that is one short line (stat), read
+        once."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError as e:
             return self._gone_or_raise(e, path)
         try:
-            # procfs answers a read with all it has that fits: a short read is
-            # the end, so a stat costs one read, not two.
             chunks = [os.read(fd, 4096)]
-            while len(chunks[-1]) == 4096:
+            while chunks[-1] and not one_record:
                 chunks.append(os.read(fd, 65536))
             return b"".join(chunks)
         except OSError as e:
@@ -518,7 +527,7 @@ class _ProcFS(object):
 
     def stat(self, pid):
         """The process as /proc shows it now, or None when it is gone."""
-        data = self.read("%d/stat" % pid)
+        data = self.read("%d/stat" % pid, one_record=True)
         if data is None:
             return None
         # The command name may hold spaces and parentheses: split after the last ')'.
@@ -704,6 +713,8 @@ class _ProcTree(object):
         self.kept = set()           # identities of the services kept running
         self.inherited = set()      # identities of the caller's processes
         self.inherited_groups = set()  # their process groups: the caller's jobs
+        self.recording = False      # from the cleanup on: what each look finds may be ended
+        self.ended = {}             # identity -> argv (None past _DRAINED_LIMIT) of those
         self.pidfds = True          # until the kernel says otherwise
         self.saved_fd_limit = None  # our RLIMIT_NOFILE, while raised
 
@@ -749,6 +760,15 @@ class _ProcTree(object):
 
     def keep(self, procs):
         self.kept.update(p.identity for p in procs)
+
+    def begin_cleanup(self):
+        """From now on, every live process a look finds in scope is one the
+        cleanup will end; drained() is those of them not among survivors."""
+        self.recording = True
+
+    def drained(self, survivors):
+        left = set(p.identity for p in survivors)
+        return [(identity, argv) for identity, argv in self.ended.items() if identity not in left]
 
     def members(self, scope, until=None):
         return self._walk(scope, until=until).found
@@ -935,6 +955,9 @@ class _ProcTree(object):
         kept = parent_kept or proc.identity in self.kept
         if proc.live and (everything or self._in_group(proc) or (scope == _RUN and not kept)):
             walk.found.append(proc)
+            if self.recording and proc.identity not in self.ended:
+                self.ended[proc.identity] = (self.fs.cmdline(pid) if len(self.ended) < _DRAINED_LIMIT
+                                             else None)
             if pin is not None and not self._in_group(proc):
                 pin.send(sig)
             return (proc, pin, kept)
@@ -1082,7 +1105,8 @@ class _SignalCatcher(object):
     when, and wake the loop through set_wakeup_fd. close() restores the
     caller's."""
 
-    def __init__(self, always=()):
+    def __init__(self, always=(), stop_signal=signal.SIGTERM):
+        self.stop_signal = stop_signal
         self.pending = []
         self.saved = {}
         self.ignored_by_caller = set()
@@ -1135,9 +1159,15 @@ class _SignalCatcher(object):
 
     def reset_for_command(self):
         """In the forked child, before exec: the caller's dispositions and mask,
-        but SIGCHLD, SIGPIPE and SIGXFSZ at their defaults."""
-        for sig in set(self.saved) | set(_DEFAULTED_FOR_COMMAND):
-            ignored = sig in self.ignored_by_caller and sig not in _DEFAULTED_FOR_COMMAND
+        but SIGCHLD, SIGPIPE, SIGXFSZ and the stop signal at their default
+        dispositions (a stop must be able to end the command gracefully;
+        a launcher's `trap '' TERM` only fenced its own start-up), and the
+        first three unblocked."""
+        defaulted = set(_DEFAULTED_FOR_COMMAND)
+        if self.stop_signal not in (signal.SIGKILL, signal.SIGSTOP):
+            defaulted.add(self.stop_signal)
+        for sig in set(self.saved) | defaulted:
+            ignored = sig in self.ignored_by_caller and sig not in defaulted
             signal.signal(sig, signal.SIG_IGN if ignored else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK,
                                set(self.caller_mask) - set(_DEFAULTED_FOR_COMMAND))
@@ -1434,13 +1464,18 @@ class _Plan(object):
     """What the caller asked for, checked, before anything starts."""
 
     def __init__(self, command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent,
-                 receipt=None, user=None):
+                 receipt=None, user=None, stop_signal=None, drain_all=False,
+                 preserve_status=False, verbose=False):
         self.command = command
         self.timeout, self.cleanup_timeout = timeout, cleanup_timeout
         self.stop_path, self.workdir = stop_path, workdir
         self.stop_with_parent = stop_with_parent
         self.receipt = receipt      # the CLI's _ReceiptTarget: its stale receipt goes at start
         self.user = user            # --user: a _User, or None
+        self.stop_signal = stop_signal or signal.SIGTERM  # the first signal of a stop
+        self.drain_all = drain_all  # nothing is kept: every process of the run is drained
+        self.preserve_status = preserve_status
+        self.verbose = verbose      # -v: say when the run is stopped
 
 
 class _Run(object):
@@ -1460,6 +1495,7 @@ class _Run(object):
         self.report = None              # the exec report
         self.stop_reason = self.stop_signal = None
         self.hurry = False              # a later stop signal: skip the rest of the grace
+        self.last_stop = (None, 0.0)    # (signal, when) of the last stop request taken
         self.error = self.error_exit = None
         self.failed = False             # the supervisor itself failed: nothing confirmed
         self.preserved, self.survivors, self.stable = [], [], True
@@ -1468,6 +1504,7 @@ class _Run(object):
         self.subreaper_before = None
         self.next_list_reap, self.reap_pending = 0.0, False  # see _reap_exited()
         self.saved_priority = None      # (nice, autogroup nice) while the cleanup has the CPU
+        self.usage_before = None        # getrusage(RUSAGE_CHILDREN) at the command's start
 
 
 def _enter(run, state):
@@ -1527,11 +1564,17 @@ def _request_stop(run, sig, when):
             run.stop_reason = "timeout"
         else:
             run.stop_reason, run.stop_signal = "signal", sig
+        run.last_stop = (sig, when)
 
 
 def _hurry(run, sig, when):
-    """A stop signal during the cleanup skips the rest of the grace."""
-    run.hurry = True
+    """A later stop signal skips the rest of the grace; the same signal
+    again within _STOP_BURST is the same request (GNU timeout signals its
+    child, then its own process group, which holds the child too)."""
+    last_signal, last_when = run.last_stop
+    if sig == last_signal and when - last_when < _STOP_BURST:
+        return
+    run.hurry, run.last_stop = True, (sig, when)
 
 
 def _forward(run, sig, when):
@@ -1694,7 +1737,9 @@ def _prepare(run):
     except OSError as e:
         raise SupervisorError("cannot become a child subreaper (%s); Linux >= 3.4 needed" % e)
     parent = run.plan.stop_with_parent
-    run.catcher = _SignalCatcher(always=(signal.SIGTERM,) if parent is not None else ())
+    # SIGTERM is always ours: a launcher may ignore it only to fence its own
+    # start-up (trap '' TERM; exec supervisor.py ...).
+    run.catcher = _SignalCatcher(always=(signal.SIGTERM,), stop_signal=run.plan.stop_signal)
     if parent is not None:
         # The parent's death arrives as SIGTERM; a parent that died before we
         # asked shows as a new parent pid.
@@ -1752,8 +1797,8 @@ class _ExecReport(object):
             return
         self.close()
         if self.data:
-            step, _, code = self.data.decode().partition(" ")
-            self.failure = (step, int(code))
+            step, code, detail = (self.data.decode("utf-8", "replace").split(" ", 2) + [""])[:3]
+            self.failure = (step, int(code), detail)
 
     def close(self):
         if self.fd is not None:
@@ -1771,6 +1816,7 @@ def _start_command(run):
     try:
         run.started_wall, run.started = time.time(), _now()
         run.endtime = run.started + run.plan.timeout
+        run.usage_before = _children_usage()
         try:
             pid = os.fork()
         except OSError as e:
@@ -1818,14 +1864,33 @@ def _exec_command(run, report_fd):
         os.chdir(run.plan.workdir)
         run.catcher.reset_for_command()
         step = "exec"
-        if user is not None and user.environment is not None:
-            os.execvpe(run.plan.command[0], run.plan.command, user.environment)
-        os.execvp(run.plan.command[0], run.plan.command)
-    except (OSError, ValueError, TypeError) as e:
+        environment = user.environment if user is not None and user.environment else os.environ
+        _exec_from_path(run.plan.command[0], run.plan.command, environment)
+    except BaseException as e:  # whatever it is, the parent must hear of it
         code = getattr(e, "errno", None) or errno.EINVAL
-        os.write(report_fd, ("%s %d" % (step, code)).encode())
+        detail = "" if getattr(e, "errno", None) else " %s: %s" % (type(e).__name__, e)
+        os.write(report_fd, ("%s %d%s" % (step, code, detail)).encode("utf-8", "replace"))
     finally:
         os._exit(EXIT_NOT_FOUND)
+
+
+def _exec_from_path(name, argv, environment):
+    """os.execvpe, without its imports: after a switch to --user, the
+    interpreter's own library may be out of that user's reach (os.execvpe
+    imports warnings). The same search: each PATH entry in turn, the first
+    error that is not "not there" reported."""
+    if (b"/" if isinstance(name, bytes) else "/") in name:
+        os.execve(name, argv, environment)
+    first = last = None
+    for directory in environment.get("PATH", os.defpath).split(os.pathsep):
+        try:
+            os.execve(os.path.join(os.fsencode(directory or "."), os.fsencode(name)),
+                      argv, environment)
+        except OSError as e:
+            last = e
+            if first is None and e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                first = e
+    raise first or last or FileNotFoundError(errno.ENOENT, "not found")
 
 
 def _run_until_stop(run):
@@ -1854,19 +1919,34 @@ def _run_until_stop(run):
 
 def _note_exec_failure(run):
     """The child exited without running COMMAND: nothing else ran."""
-    step, code = run.report.failure
+    step, code, detail = run.report.failure
     if not run.reaped:
         os.waitpid(run.pid, 0)
         run.reaped = True
     run.pid = None  # the receipt's pid is the command's, and it never ran
-    reason = os.strerror(code)
-    if step == "exec":
+    reason = detail or os.strerror(code)
+    if step == "exec" and not detail:
         run.error = "cannot run %r: %s" % (run.plan.command[0], reason)
         run.error_exit = (EXIT_NOT_FOUND if code in (errno.ENOENT, errno.ENOTDIR)
                           else EXIT_CANNOT_EXECUTE)
     else:
         run.error = "cannot start the command (%s): %s" % (step, reason)
         run.error_exit = EXIT_FAILURE
+
+
+def _say(run, text):
+    """-v: one line on stderr now, if stderr takes it at once (a full pipe
+    must not hold up the stop)."""
+    if run.plan.verbose:
+        _complain(text, patient=False)
+
+
+def _why_stopped(run):
+    if run.stop_reason == "timeout":
+        return "the deadline passed (%gs)" % run.plan.timeout
+    if run.stop_reason == "stop_file":
+        return "the stop file %s appeared" % run.plan.stop_path
+    return "%s received" % _signal_name(run.stop_signal)
 
 
 def _take_the_cpu(run):
@@ -1903,18 +1983,24 @@ def _give_back_the_cpu(run):
 def _stop_forced(run):
     """Deadline, stop file or signal: keep the detached services, stop the
     group (the stop signal, a grace, SIGKILL), then drain the whole run."""
-    tree = run.tree
+    tree, plan = run.tree, run.plan
     _take_the_cpu(run)
+    _say(run, "stopping the run: %s; %s to the command's group" % (
+        _why_stopped(run), _signal_name(plan.stop_signal)))
     grace_end = _enter(run, "terminating")
     # Frozen while we look, no member can die and hand us its children before
     # the services adopted before the decision are noted. The stop signal
     # comes after the look: a stopped process still dies at once of a
     # SIGTERM it does not handle (the kernel's fatal-signal shortcut).
     tree.signal(_GROUP, signal.SIGSTOP)
-    tree.keep(tree.detached(grace_end))
-    tree.signal(_GROUP, signal.SIGTERM)
+    scope = _RUN if plan.drain_all else _GROUP  # --drain-all: services get the stop signal too
+    if not plan.drain_all:
+        tree.keep(tree.detached(grace_end))
+    tree.begin_cleanup()
+    members = tree.members(scope, grace_end)  # while frozen: each one the stop may end is seen
+    tree.signal(scope, plan.stop_signal)
     tree.signal(_GROUP, signal.SIGCONT)
-    _await_gone(run, tree.members(_GROUP, grace_end), grace_end)
+    _await_gone(run, members, grace_end)
     kill_end = _enter(run, "killing")
     # Even when all seemed gone: a member forked during the grace must not
     # fork again while the drain looks.
@@ -1929,16 +2015,20 @@ def _finish_natural(run):
     """The command exited by itself: stop what is left of its group (the
     stop signal, a grace, SIGKILL); what lives outside it keeps running."""
     _take_back_terminal(run)
-    tree = run.tree
+    tree, plan = run.tree, run.plan
+    scope = _RUN if plan.drain_all else _GROUP  # --drain-all: nothing is kept
     # Frozen, no member can fork while we look: one look is then the truth.
     tree.signal(_GROUP, signal.SIGSTOP)
-    members = tree.members(_GROUP, _now() + run.plan.cleanup_timeout)
+    tree.begin_cleanup()
+    members = tree.members(scope, _now() + plan.cleanup_timeout)
     if members:
         grace_end = _enter(run, "terminating")
-        tree.signal(_GROUP, signal.SIGTERM)
+        tree.signal(scope, plan.stop_signal)
         tree.signal(_GROUP, signal.SIGCONT)
         _await_gone(run, members, grace_end)
-    _drain(run, _GROUP)
+    _drain(run, scope)
+    if plan.drain_all:
+        _drain_strays(run)
 
 
 def _await_gone(run, procs, until):
@@ -2029,8 +2119,9 @@ def _finish(run):
             run.reaped = True
     _reap_exited(run)
     forced = run.stop_reason is not None
-    run.preserved = [p for p in run.tree.detached()
-                     if not forced or p.identity in run.tree.kept]
+    if not run.plan.drain_all:
+        run.preserved = [p for p in run.tree.detached()
+                         if not forced or p.identity in run.tree.kept]
 
 
 def _abandon(run):
@@ -2069,6 +2160,9 @@ def _exit_status(run, confirmed):
         return EXIT_FAILURE
     if run.error_exit is not None:
         return run.error_exit
+    if run.plan.preserve_status and run.exit_info is not None:
+        code = _return_code(run.exit_info)
+        return code if code >= 0 else 128 - code
     if run.stop_reason in ("timeout", "stop_file"):
         return EXIT_TIMED_OUT
     if run.stop_reason == "signal":
@@ -2077,12 +2171,30 @@ def _exit_status(run, confirmed):
     return code if code >= 0 else 128 - code
 
 
+def _children_usage():
+    import resource
+    return resource.getrusage(resource.RUSAGE_CHILDREN)
+
+
+def _usage(run):
+    """CPU of every process of the run that was reaped, directly or below
+    one that was (RUSAGE_CHILDREN as the subreaper sees it), and the largest
+    single process's peak RSS: the kernel keeps a maximum, not a sum."""
+    if run.usage_before is None:
+        return {"cpu_user_s": 0.0, "cpu_system_s": 0.0, "max_rss_kib": 0}
+    now, before = _children_usage(), run.usage_before
+    return {"cpu_user_s": round(now.ru_utime - before.ru_utime, 6),
+            "cpu_system_s": round(now.ru_stime - before.ru_stime, 6),
+            "max_rss_kib": now.ru_maxrss}
+
+
 def _build_receipt(run, ended_wall, ended):
     confirmed = not run.survivors and run.stable and not run.failed
     ladder = [{"step": name, "start_s": round(begin - run.started, 6),
                "duration_s": round((end or ended) - begin, 6)} for name, begin, end in run.ladder]
     cleanup_s = ended - run.ended_running if run.ended_running is not None else 0.0
     fs = run.fs
+    drained = run.tree.drained(run.survivors)
     return {
         "schema_version": RECEIPT_SCHEMA_VERSION,
         "supervisor_version": __version__,
@@ -2111,6 +2223,10 @@ def _build_receipt(run, ended_wall, ended):
                       for p in run.preserved],
         "survivors": [{"pid": p.pid, "ppid": p.ppid, "pgid": p.pgid, "sid": p.sid,
                        "state": p.state, "command": fs.cmdline(p.pid)} for p in run.survivors],
+        "drained": [{"pid": identity[0], "command": argv}
+                    for identity, argv in drained[:_DRAINED_LIMIT]],
+        "drained_count": len(drained),
+        "usage": _usage(run),
         "error": _text(run.error) if run.error is not None else None,
     }
 
@@ -2483,8 +2599,11 @@ def _check_seconds(value, name):
 
 
 def _check_command(command):
-    if isinstance(command, (str, bytes)) or not command:
-        raise UsageError("no command given: put it after -- (an argv list)")
+    if isinstance(command, (str, bytes)):
+        raise UsageError("command: give an argv list, such as ['make', 'test'], not %r"
+                         % (command,))
+    if not command:
+        raise UsageError("command: the argv list is empty")
     command = list(command)
     for arg in command:
         if not isinstance(arg, (str, bytes)):
@@ -2497,33 +2616,82 @@ def _check_command(command):
 # --- The command line ------------------------------------------------------------------------
 
 _USAGE = """\
-usage: supervisor.py --timeout SECONDS [OPTIONS] -- COMMAND [ARG...]
+usage: %(prog)s --timeout DURATION [OPTIONS] -- COMMAND [ARG...]
 
-Run COMMAND under a deadline, drain every process it leaves behind, and
-write a JSON receipt that says what happened.
+Run COMMAND under a deadline, drain every process it leaves behind, and write
+a JSON receipt that says what happened and whether /proc confirmed it.
 
 options:
-  --timeout SECONDS          the deadline, from the command's start (required);
+  --timeout DURATION         the deadline, from the command's start (required);
                              a number with an optional unit: 90, 1.5, 10m, 2h, 1d
-  --cleanup-timeout SECONDS  bound of each cleanup phase (default 10)
-  --stop-file PATH           stop the run as soon as anything exists at PATH
+  -k, --kill-after DURATION, --cleanup-timeout DURATION
+                             bound of EACH of the three cleanup phases (default
+                             10): the grace after the stop signal, the command's
+                             own process after SIGKILL, and the drain
+  -s, --signal SIG           the first signal of a forced stop (default TERM): a
+                             name (TERM, SIGINT, int) or a number; the command
+                             starts with it at its default
+  --stop-file PATH           stop the run as soon as anything exists at PATH; if
+                             something is there already, COMMAND never starts
   --receipt PATH             write the receipt there (outside the workdir)
-  --workdir DIR              the command's current directory (default: this one)
+  --workdir DIR              the command's current directory (default: this one;
+                             from /, there is no workdir to keep the receipt out of)
+  --drain-all                drain every process of the run, detached services
+                             too, at a natural exit as at a forced stop (CI)
   --user USER[:GROUP]        run the command as that user (a name or a uid) and
                              group, with no way back to root: then it cannot
                              signal, stop or trace the supervisor, nor write
                              its receipt
+  --preserve-status          exit with the command's status even when the run
+                             was stopped (125 still wins)
+  -v, --verbose              say on stderr when the run is stopped, and how it ended
   --new-session              leave the caller's session first, so that a kill of
                              the caller's process group cannot stop the drain
   -h, --help                 show this help and exit
   --version                  show the version and exit
 
+what is kept and what is drained:
+  COMMAND runs in a process group of its own. When it exits by itself, what is
+  left of its group is stopped (the stop signal, a grace, SIGKILL); processes
+  in other groups or sessions are kept, as detached services. When the
+  deadline passes, the stop file appears or a stop signal arrives, the group
+  is stopped the same way and every process adopted after that decision is
+  drained, in any group or session; services detached before it are kept.
+  With --drain-all nothing is kept. A forced stop ends within the timeout
+  plus 3 x the cleanup timeout, plus up to 2 s.
+
+signals: TERM, INT, HUP and every other signal that would end a process stop
+the run (one that the caller ignored stays ignored, TERM excepted); a second
+one later than 0.25 s skips the rest of the grace; USR1, USR2 and WINCH are
+forwarded to the command's group; TSTP suspends the run.
+
+the receipt (JSON): cleanup_confirmed (do not reuse the sandbox when false),
+exit_status, return_code, stop_reason (exit, timeout, stop_file, signal),
+timed_out, preserved (the services kept, with pid and start_time), drained,
+survivors, error. A missing receipt means the cleanup was not confirmed.
+
 exit status: COMMAND's own; 124 deadline or stop file; 125 supervisor failure
 or cleanup not confirmed; 126 cannot execute; 127 not found; 128+N signal N.
 """
 
-_VALUE_OPTIONS = ("--timeout", "--cleanup-timeout", "--stop-file", "--receipt", "--workdir",
-                  "--user")
+# Each option: the attribute it sets, and what its value is.
+_OPTIONS = {
+    "--timeout": ("timeout", "duration"),
+    "--cleanup-timeout": ("cleanup_timeout", "duration"),
+    "--kill-after": ("cleanup_timeout", "duration"),
+    "-k": ("cleanup_timeout", "duration"),
+    "--signal": ("signal", "signal"),
+    "-s": ("signal", "signal"),
+    "--stop-file": ("stop_file", "path"),
+    "--receipt": ("receipt", "path"),
+    "--workdir": ("workdir", "path"),
+    "--user": ("user", "text"),
+    "--drain-all": ("drain_all", "flag"),
+    "--preserve-status": ("preserve_status", "flag"),
+    "--verbose": ("verbose", "flag"),
+    "-v": ("verbose", "flag"),
+    "--new-session": ("new_session", "flag"),
+}
 
 
 def parse_duration(text, option="--timeout"):
@@ -2549,13 +2717,16 @@ class _Options(object):
     def __init__(self):
         self.timeout = None
         self.cleanup_timeout = DEFAULT_CLEANUP_TIMEOUT
+        self.signal = signal.SIGTERM
         self.stop_file = self.receipt = self.workdir = self.user = None
-        self.new_session = False
+        self.drain_all = self.preserve_status = self.verbose = self.new_session = False
         self.command = []
         self.show = None  # "help" or "version"
 
 
 def _parse_args(argv):
+    """Options as timeout(1) takes them: --name VALUE, --name=VALUE, -k VALUE,
+    -kVALUE; the command after -- or from the first non-option."""
     options = _Options()
     i = 0
     while i < len(argv):
@@ -2566,21 +2737,26 @@ def _parse_args(argv):
         if not arg.startswith("-") or arg == "-":
             options.command = argv[i:]
             break
-        name, has_value, value = arg.partition("=")
-        if name in ("-h", "--help", "--version") and not has_value:
-            options.show = "version" if name == "--version" else "help"
+        if arg in ("-h", "--help", "--version"):
+            options.show = "version" if arg == "--version" else "help"
             return options
-        if name == "--new-session" and not has_value:
-            options.new_session = True
-        elif name in _VALUE_OPTIONS:
+        name, has_value, value = arg.partition("=")
+        if not name.startswith("--") and len(arg) > 2:  # -kVALUE, -sKILL
+            name, has_value, value = arg[:2], True, arg[2:]
+        if name not in _OPTIONS:
+            raise UsageError("unknown option %s (see --help)" % arg)
+        attribute, kind = _OPTIONS[name]
+        if kind == "flag":
+            if has_value:
+                raise UsageError("%s takes no value" % name)
+            setattr(options, attribute, True)
+        else:
             if not has_value:
                 i += 1
                 if i == len(argv):
                     raise UsageError("%s needs a value" % name)
                 value = argv[i]
-            _set_option(options, name, value)
-        else:
-            raise UsageError("unknown option %s (see --help)" % arg)
+            setattr(options, attribute, _option_value(name, kind, value))
         i += 1
     if options.timeout is None:
         raise UsageError("--timeout is required (seconds, e.g. --timeout 600)")
@@ -2589,24 +2765,54 @@ def _parse_args(argv):
     return options
 
 
-def _set_option(options, name, value):
-    if name in ("--timeout", "--cleanup-timeout"):
-        setattr(options, name[2:].replace("-", "_"), parse_duration(value, name))
-    elif not value:
-        raise UsageError("%s: the path is empty" % name)
+def _option_value(name, kind, value):
+    if kind == "duration":
+        return parse_duration(value, name)
+    if kind == "signal":
+        return _parse_signal(value, name)
+    if not value:
+        raise UsageError("%s: the value is empty" % name)
+    return value
+
+
+def _parse_signal(text, option="--signal"):
+    """A signal as timeout(1) -s takes it: TERM, SIGTERM, term, 15, and the
+    real-time ones as RTMIN+3 or SIGRTMAX-1."""
+    name = text.strip().upper()
+    if name.isdigit():
+        number = int(name)
     else:
-        setattr(options, name[2:].replace("-", "_"), value)
+        name = name if name.startswith("SIG") else "SIG" + name
+        base, sign, offset = name.replace("-", "+-").partition("+")
+        number = getattr(signal, base, None) if not base.startswith("SIG_") else None
+        if base == "SIGSTKFLT":  # unnamed before Python 3.11
+            number = 16
+        if sign and base not in ("SIGRTMIN", "SIGRTMAX"):
+            number = None
+        if number is not None and sign:
+            try:
+                number += int(offset)
+            except ValueError:
+                number = None
+    if number not in _VALID_SIGNALS:
+        raise UsageError("%s: unknown signal %r (a name such as TERM or INT, or a number)"
+                         % (option, text))
+    return number
 
 
 def _check_workdir(options):
+    """(the command's directory, the directory the receipt must stay out of).
+    Without --workdir, the current directory is both, except /: the default
+    of docker exec and kubectl exec is nobody's workdir."""
     workdir = (_absolute(options.workdir, "--workdir") if options.workdir
                else _current_directory())
+    fence = None if workdir == "/" and not options.workdir else workdir
     if not os.path.isdir(workdir):
         what = "is not a directory" if os.path.exists(workdir) else "does not exist"
         raise UsageError("--workdir: %s %s" % (workdir, what))
     if not os.access(workdir, os.X_OK):
         raise UsageError("--workdir: cannot enter %s (permission denied)" % workdir)
-    return workdir
+    return workdir, fence
 
 
 def _check_receipt_target(path, workdir):
@@ -2649,20 +2855,20 @@ def _is_inside(dir_fd, workdir):
     return False
 
 
-def _complain(message):
+def _complain(message, patient=True):
     """One line on stderr, whatever the message holds: a newline or another
     control character in a path is escaped, so a second line can never be
     someone else's text. SIGTTOU is blocked meanwhile (a background write to
     a TOSTOP terminal then goes through instead of stopping us), and a line
-    stderr cannot take within a second (a full pipe) is dropped, as it is
-    when stderr is closed or a broken pipe."""
+    stderr cannot take within a second (at once, unless patient: during a
+    stop) is dropped, as it is when stderr is closed or a broken pipe."""
     text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
-    data = ("supervisor.py: %s\n" % text).encode("utf-8", "replace")
+    data = ("%s: %s\n" % (_PROG, text)).encode("utf-8", "replace")
     old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTTOU])
     try:
         poller = select.poll()
         poller.register(2, select.POLLOUT)
-        if poller.poll(1000):
+        if poller.poll(1000 if patient else 0):
             os.write(2, data)
     except OSError:
         pass
@@ -2690,7 +2896,7 @@ def _relay_into_new_session():
         os.setsid()
         return relay
     for sig in _STOP_SIGNALS + _FORWARDED_SIGNALS:
-        if signal.getsignal(sig) != signal.SIG_IGN:
+        if sig == signal.SIGTERM or signal.getsignal(sig) != signal.SIG_IGN:
             # The relay's only work: one kill() to its child, still unreaped.
             signal.signal(sig, lambda signum, frame: _quietly_signal(pid, signum))
     # Ctrl-Z cannot suspend a run in another session (its group is orphaned,
@@ -2717,22 +2923,25 @@ def main(argv=None):
     try:
         options = _parse_args(argv)
         if options.show == "help":
-            _print(_USAGE)
+            _print(_USAGE % {"prog": _PROG})
             return 0
         if options.show == "version":
-            _print("supervisor.py %s\n" % __version__)
+            _print("%s %s\n" % (_PROG, __version__))
             return 0
         _require_linux()
-        workdir = _check_workdir(options)
+        workdir, fence = _check_workdir(options)
         user = _check_user(options.user, workdir) if options.user is not None else None
         if options.receipt is not None:
-            target = _check_receipt_target(options.receipt, workdir)
+            target = _check_receipt_target(options.receipt, fence)
             if user is not None:
                 _check_user_may_not_replace(user, target)
         stop_path = _check_stop_file(options.stop_file, target)
         relay = _relay_into_new_session() if options.new_session else None
         run = _Run(_make_plan(options.command, options.timeout, options.cleanup_timeout,
-                              stop_path, workdir, relay, receipt=target, user=user))
+                              stop_path, workdir, relay, receipt=target, user=user,
+                              stop_signal=options.signal, drain_all=options.drain_all,
+                              preserve_status=options.preserve_status,
+                              verbose=options.verbose))
         receipt = _execute(run)
     except SupervisorError as e:
         _discard(target)
@@ -2756,7 +2965,21 @@ def main(argv=None):
         _complain("--receipt: cannot write %s: %s" % (lost.filename, lost.strerror))
     if not receipt["cleanup_confirmed"] and not run.failed:
         _complain(_unconfirmed_message(receipt))
+    if receipt["stop_reason"] == "stop_file" and receipt["pid"] is None:
+        _complain("the stop file %s is there: the command was not started" % stop_path)
+    elif options.verbose:
+        _complain(_outcome(receipt, status))
     return status
+
+
+def _outcome(receipt, status):
+    """-v's closing line: how the run ended, what the cleanup did."""
+    kept = ", ".join("%d %s" % (p["pid"], " ".join(p["command"])[:60])
+                     for p in receipt["preserved"][:5])
+    return "done: %s, exit status %d, %d drained, %d kept%s, cleanup %s" % (
+        receipt["stop_reason"] if receipt["signal"] is None else receipt["signal"], status,
+        receipt["drained_count"], len(receipt["preserved"]), " (%s)" % kept if kept else "",
+        "confirmed" if receipt["cleanup_confirmed"] else "NOT confirmed")
 
 
 def _unconfirmed_message(receipt):

@@ -169,6 +169,14 @@ def kill_pinned(pid, sig=signal.SIGKILL):
         os.close(fd)
 
 
+def kill_all(pids):
+    """End what a test deliberately left running (preserved services), by pid
+    and pidfd, and wait until they are gone."""
+    for pid in pids:
+        kill_pinned(pid)
+    assert wait_until(lambda: not any(alive(pid) for pid in pids))
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail any test that leaves a process behind, after killing it by pid."""
@@ -225,7 +233,8 @@ def finish(proc, timeout=60):
     """Wait for a started supervisor to exit; (returncode, stdout, stderr) as
     text. Reads what is in the pipes, not to EOF: a preserved service may hold
     them open."""
-    chunks = {proc.stdout: [], proc.stderr: []}
+    chunks = {proc.stdout: [_LEFTOVER.pop(proc.stdout, b"")],
+              proc.stderr: [_LEFTOVER.pop(proc.stderr, b"")]}
     streams = [s for s in chunks if s is not None]
     end = time.monotonic() + timeout
     while proc.poll() is None:
@@ -250,15 +259,21 @@ def finish(proc, timeout=60):
     return proc.returncode, text(proc.stdout), text(proc.stderr)
 
 
+# What read_lines_until() read from a stream past the line it waited for: the
+# next call, and finish(), start with it (two lines can come in one read).
+_LEFTOVER = {}
+
+
 def read_lines_until(stream, last, timeout=20.0):
     """Lines from a pipe up to and including `last`; fails on EOF or timeout."""
-    lines, buf, fd = [], b"", stream.fileno()
+    lines, buf, fd = [], _LEFTOVER.pop(stream, b""), stream.fileno()
     end = time.monotonic() + timeout
     while True:
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             lines.append(line.decode())
             if line.decode() == last:
+                _LEFTOVER[stream] = buf
                 return lines
         remaining = end - time.monotonic()
         if remaining <= 0:

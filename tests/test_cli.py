@@ -193,7 +193,7 @@ def test_huge_timeout_does_not_overflow_a_wait(sandbox):
 
 def test_help():
     result = run_supervisor("--help")
-    assert result.returncode == 0 and "--timeout SECONDS" in result.stdout
+    assert result.returncode == 0 and "--timeout DURATION" in result.stdout
 
 
 def test_version():

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import (
-    HELPERS, IS_ROOT, PY, SUPERVISOR, alive, descendants, finish, kill_pinned, proc_stat,
+    HELPERS, IS_ROOT, PY, SUPERVISOR, alive, descendants, finish, kill_all, proc_stat,
     read_lines_until, read_receipt, run_supervisor, start_supervisor, start_tree,
     supervisor_cmd, wait_until,
 )
@@ -253,9 +253,7 @@ def test_both_containments_keep_services_and_drain_tools(paths, containment):
         assert alive(nodes["service"]) and alive(nodes["worker"])
         assert not any(alive(nodes[n]) for n in ("cmd", "tool", "helper", "member"))
     finally:
-        for name in ("service", "worker"):
-            kill_pinned(nodes[name])
-        wait_until(lambda: not alive(nodes["service"]) and not alive(nodes["worker"]))
+        kill_all([nodes["service"], nodes["worker"]])
 
 
 def test_both_containments_drain_a_group_member_below_a_kept_service(paths, containment):
@@ -266,14 +264,17 @@ def test_both_containments_drain_a_group_member_below_a_kept_service(paths, cont
         "import os, signal, sys\n"
         "r, w = os.pipe()\n"
         "if os.fork() == 0:\n"            # the service: still in the group, for now
+        "    r2, w2 = os.pipe()\n"
         "    if os.fork() == 0:\n"        # its child stays in the command's group
-        "        print('member', os.getpid(), flush=True); signal.pause()\n"
+        "        print('member', os.getpid(), flush=True); os.write(w2, b'x'); signal.pause()\n"
+        "    os.read(r2, 1)\n"
         "    os.setsid()\n"               # the service leaves the group
         "    print('service', os.getpid(), flush=True); os.write(w, b'x'); signal.pause()\n"
         "os.read(r, 1)\n")
     proc = start_supervisor(*paths.options(cleanup=0.5) + ["--", PY, "-c", script])
     status, out, err = finish(proc)  # the kept service holds stdout open: no EOF
-    pids = dict(line.split() for line in out.split("\n") if line)
+    pids = dict(line.split() for line in out.split("\n") if len(line.split()) == 2)
+    assert set(pids) == {"service", "member"}, (out, err)
     service, member = int(pids["service"]), int(pids["member"])
     try:
         assert status == 0, err
@@ -282,8 +283,7 @@ def test_both_containments_drain_a_group_member_below_a_kept_service(paths, cont
         assert [p["pid"] for p in receipt["preserved"]] == [service]
         assert alive(service) and not alive(member)
     finally:
-        kill_pinned(service)
-        wait_until(lambda: not alive(service))
+        kill_all([service])
 
 
 def test_the_scan_containment_drains_a_storm_too(paths, monkeypatch):

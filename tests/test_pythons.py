@@ -13,8 +13,7 @@ import signal
 import subprocess
 
 from conftest import (
-    ROOT, SUPERVISOR, alive, finish, kill_pinned, read_receipt,
-    run_supervisor, start_tree, wait_until,
+    ROOT, SUPERVISOR, alive, finish, kill_all, read_receipt, run_supervisor, start_tree,
 )
 
 
@@ -40,8 +39,7 @@ def test_a_forced_stop_by_a_real_time_signal(other_python, paths):
         assert [p["pid"] for p in receipt["preserved"]] == [nodes["service"]]
         assert not any(alive(nodes[n]) for n in ("cmd", "tool", "helper"))
     finally:
-        kill_pinned(nodes["service"])
-        wait_until(lambda: not alive(nodes["service"]))
+        kill_all([nodes["service"]])
 
 
 def test_exit_statuses_and_a_burst_of_orphans(other_python, paths):

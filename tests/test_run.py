@@ -10,17 +10,10 @@ import time
 import pytest
 
 from conftest import (
-    IS_ROOT, PY, alive, descendants, finish, inotify_watches, kill_pinned, proc_stat,
+    IS_ROOT, PY, alive, descendants, finish, inotify_watches, kill_all, proc_stat,
     read_lines_until,
     read_receipt, run_supervisor, start_supervisor, start_tree, wait_until,
 )
-
-
-def kill_all(pids):
-    """End what a test deliberately left running (preserved services)."""
-    for pid in pids:
-        kill_pinned(pid)
-    assert wait_until(lambda: not any(alive(p) for p in pids))
 
 
 RECEIPT_TYPES = {
@@ -30,7 +23,8 @@ RECEIPT_TYPES = {
     "cleanup_timeout_s": float, "stop_reason": str, "signal": (str, type(None)),
     "timed_out": bool, "return_code": (int, type(None)), "exit_status": int,
     "cleanup_confirmed": bool, "cleanup_s": float, "ladder": list, "containment": str,
-    "user": (dict, type(None)), "preserved": list, "survivors": list, "error": (str, type(None)),
+    "user": (dict, type(None)), "preserved": list, "survivors": list, "drained": list,
+    "drained_count": int, "usage": dict, "error": (str, type(None)),
 }
 
 
@@ -394,7 +388,7 @@ def test_receipt_has_every_key_with_its_type(paths):
         assert isinstance(receipt[key], types), (key, receipt[key])
     assert receipt["command"] == ["true"]
     assert receipt["workdir"] == str(paths.work)
-    assert receipt["schema_version"] == 1
+    assert receipt["schema_version"] == 2
     assert receipt["started_at"].endswith("Z") and receipt["ended_at"] >= receipt["started_at"]
 
 

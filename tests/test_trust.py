@@ -20,7 +20,7 @@ import time
 import pytest
 
 from conftest import (
-    IS_ROOT, PY, SUPERVISOR, alive, finish, kill_pinned, proc_stat, read_lines_until,
+    IS_ROOT, PY, SUPERVISOR, alive, finish, kill_all, proc_stat, read_lines_until,
     read_receipt, run_supervisor, start_supervisor, supervisor_cmd, wait_until,
 )
 
@@ -162,8 +162,7 @@ def test_a_look_that_fails_is_never_an_empty_one(paths):
         assert "0 process(es)" not in err
         assert not alive(int(pids["member"]))
     finally:
-        kill_pinned(int(pids["service"]))
-        wait_until(lambda: not alive(int(pids["service"])))
+        kill_all([int(pids["service"])])
 
 
 @needs_root
@@ -213,8 +212,7 @@ def test_a_tmpfs_mounted_over_proc_by_the_command_changes_nothing(paths, stop):
     assert not alive(int(pids["member"]))
     assert alive(int(pids["tool"])) is not stop
     assert [p["pid"] for p in receipt["preserved"]] == ([] if stop else [int(pids["tool"])])
-    kill_pinned(int(pids["tool"]))
-    wait_until(lambda: not alive(int(pids["tool"])))
+    kill_all([int(pids["tool"])])
 
 
 # --- 7, 8, 9. A receipt nobody can forge or move ---------------------------------------------------
@@ -283,8 +281,7 @@ def test_orphans_of_the_callers_jobs_are_neither_kept_nor_killed(paths, forced):
         assert receipt["preserved"] == [] and receipt["cleanup_confirmed"] is True
         assert alive(orphan) and proc_stat(orphan)[0] != "T"
     finally:
-        kill_pinned(orphan)
-        wait_until(lambda: not alive(orphan))
+        kill_all([orphan])
 
 
 # --- 11. A directory we may write but not read ----------------------------------------------------
@@ -327,8 +324,7 @@ def test_preserved_lists_only_services_alive_when_the_receipt_is_written(paths):
         assert receipt["preserved"][0]["start_time"] == proc_stat(keeps)[4]
         assert receipt["preserved"][0]["command"] == ["sleep", "300"]
     finally:
-        kill_pinned(keeps)
-        wait_until(lambda: not alive(keeps))
+        kill_all([keeps])
 
 
 # --- 13. The deadline comes first ------------------------------------------------------------------

@@ -1,0 +1,395 @@
+"""The real clients: an RL controller's fenced launch, GNU timeout around the
+supervisor, timeout(1)'s options, --drain-all for CI, the receipt's drained
+and usage, the workdir from /, the API, and the package beside supervisord."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import (
+    PY, ROOT, SUPERVISOR, alive, finish, kill_all, read_lines_until, read_receipt,
+    run_supervisor, start_supervisor, start_tree, supervisor_cmd, wait_until,
+)
+
+REFERENCE_KEYS = {"cleanup_confirmed", "error", "return_code", "timed_out"}
+
+# A command that reports the first signals it gets, then lives on for a while.
+REPORTER = r"""
+import os, signal, sys, time
+def report(signum, frame):
+    os.write(1, ("GOT %d\n" % signum).encode())
+    if "--exit-on-signal" in sys.argv:
+        time.sleep(float(sys.argv[-1]))
+        os._exit(3)
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+    signal.signal(sig, report)
+os.write(1, b"ready\n")
+while True:
+    time.sleep(1)
+"""
+
+
+# --- The RL controller's protocol ------------------------------------------------------------------
+
+LAUNCH = """\
+[ -d "$DIR" ] || exit 0
+{py} -I {sup} --help >/dev/null || exit $?
+trap '' TERM
+echo $$ > "$DIR/runner.pid" && exec {py} -I {sup} --timeout "$T" --cleanup-timeout 2 \\
+    --stop-file "$DIR/runner.stop" --receipt "$DIR/cleanup.json" -- "$@" >"$DIR/runner.log" 2>&1
+"""
+
+STOP = """\
+touch "$DIR/runner.stop"
+kill -TERM "$(cat "$DIR/runner.pid")"
+"""
+
+
+@pytest.fixture
+def controller(tmp_path):
+    box = tmp_path / "box"
+    box.mkdir()
+    (tmp_path / "launch.sh").write_text(LAUNCH.format(py=PY, sup=SUPERVISOR))
+    (tmp_path / "stop.sh").write_text(STOP)
+    return tmp_path
+
+
+def launch(controller, timeout, *command):
+    env = dict(os.environ, DIR=str(controller / "box"), T=str(timeout))
+    # From /, as docker exec and kubectl exec start it: nobody's workdir.
+    proc = subprocess.Popen(["sh", str(controller / "launch.sh")] + list(command), env=env,
+                            cwd="/")
+    runner_pid = controller / "box" / "runner.pid"
+    assert wait_until(runner_pid.exists) and wait_until(
+        lambda: b"started" in _read(controller / "box" / "runner.log"))
+    return proc, env
+
+
+def _read(path):
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def test_a_fenced_launch_stops_on_the_controllers_word(controller):
+    """trap '' TERM fences the launch; the stop file and SIGTERM stop the run,
+    and the receipt (the four reference keys, confirmed) is there within 3 s."""
+    proc, env = launch(controller, 600, "sh", "-c",
+                       "echo started; (trap '' TERM; exec sleep 300) & exec sleep 300")
+    stopped = time.monotonic()
+    subprocess.check_call(["sh", str(controller / "stop.sh")], env=env)
+    receipt_path = controller / "box" / "cleanup.json"
+    assert wait_until(receipt_path.exists, timeout=3.0)
+    assert time.monotonic() - stopped < 3.0
+    receipt = read_receipt(receipt_path)
+    assert REFERENCE_KEYS <= set(receipt)
+    assert receipt["cleanup_confirmed"] is True and receipt["error"] is None
+    assert receipt["stop_reason"] in ("stop_file", "signal") and receipt["timed_out"] is False
+    assert proc.wait(timeout=10) == receipt["exit_status"]
+
+
+def test_a_fenced_launch_gives_the_command_sigterm_first_at_the_deadline(controller):
+    """The command does not inherit the fence: at the deadline it gets SIGTERM
+    (and may exit gracefully), not SIGKILL after the whole grace."""
+    proc, env = launch(controller, 1, PY, "-c", "print('started', flush=True);" + REPORTER,
+                       "--exit-on-signal", "0")
+    assert proc.wait(timeout=30) == 124
+    receipt = read_receipt(controller / "box" / "cleanup.json")
+    assert receipt["timed_out"] is True and receipt["return_code"] == 3  # its handler ran
+    assert b"GOT %d" % signal.SIGTERM in _read(controller / "box" / "runner.log")
+    assert receipt["ladder"][0]["duration_s"] < 1.5  # not the 2 s grace, then SIGKILL
+
+
+# --- GNU timeout around it: one burst, one request ------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs GNU timeout")
+def test_gnu_timeout_around_the_supervisor_keeps_the_grace(paths):
+    """timeout(1) sends SIGTERM to its child, then to its own process group:
+    two at once, one request. The command's grace (it exits 0.3 s after
+    SIGTERM) must hold every time."""
+    for _ in range(4):
+        proc = subprocess.Popen(["timeout", "100"] + supervisor_cmd(*paths.options(cleanup=2) + [
+            "--", PY, "-c", REPORTER, "--exit-on-signal", "0.3"]), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE)
+        read_lines_until(proc.stdout, "ready")
+        proc.send_signal(signal.SIGTERM)
+        status, _, err = finish(proc)
+        assert status == 143, err  # timeout(1) passes on the supervisor's status
+        receipt = read_receipt(paths.receipt)
+        assert receipt["return_code"] == 3, receipt  # the command's handler finished: no SIGKILL
+        assert receipt["signal"] == "SIGTERM" and receipt["cleanup_confirmed"] is True
+
+
+def test_the_same_signal_twice_at_once_is_one_request_later_it_hurries(paths):
+    proc = start_supervisor(*paths.options(cleanup=5) + [
+        "--", PY, "-c", REPORTER, "--exit-on-signal", "0.5"])
+    read_lines_until(proc.stdout, "ready")
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)
+    status, _, err = finish(proc)
+    assert status == 143, err
+    assert read_receipt(paths.receipt)["return_code"] == 3  # the grace held
+    spec = {"name": "cmd", "report_term": True}
+    proc, _ = start_tree(spec, *paths.options(cleanup=60))
+    proc.send_signal(signal.SIGTERM)
+    read_lines_until(proc.stdout, "TERM cmd")
+    time.sleep(0.3)  # past the burst: a second request, which skips the grace
+    proc.send_signal(signal.SIGTERM)
+    status, _, err = finish(proc)
+    assert status == 143, err
+    assert read_receipt(paths.receipt)["ladder"][0]["duration_s"] < 30
+
+
+# --- timeout(1)'s options ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spelling", ["INT", "int", "SIGINT", "2", "sigint"])
+def test_signal_chooses_the_first_signal_of_a_forced_stop(paths, spelling):
+    proc = start_supervisor("-s", spelling, *paths.options(timeout=0.5, cleanup=2) + [
+        "--", PY, "-c", REPORTER, "--exit-on-signal", "0"])
+    read_lines_until(proc.stdout, "ready")
+    status, out, err = finish(proc)
+    assert status == 124, err
+    assert "GOT %d" % signal.SIGINT in out
+    assert read_receipt(paths.receipt)["return_code"] == 3
+
+
+def test_signal_forms_and_refusals(paths):
+    result = run_supervisor("--signal=RTMIN+1", *paths.options(timeout=0.3) + ["--", "sleep", "5"])
+    assert result.returncode == 124, result.stderr
+    assert read_receipt(paths.receipt)["return_code"] == -(signal.SIGRTMIN + 1)
+    result = run_supervisor("-sKILL", *paths.options(timeout=0.3) + ["--", "sleep", "5"])
+    assert result.returncode == 124 and read_receipt(paths.receipt)["return_code"] == -9
+    for bad in ("FOO", "0", "999", "TERM+1"):
+        result = run_supervisor("--signal", bad, *paths.options() + ["--", "true"])
+        assert result.returncode == 125 and "--signal" in result.stderr, bad
+
+
+def test_the_stop_signal_starts_at_its_default_in_the_command(paths):
+    """A caller that ignored SIGINT still has it ignored in the command, unless
+    it is the stop signal."""
+    script = "grep SigIgn /proc/self/status"
+    def ignore_int():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for extra, ignored in (([], True), (["-s", "INT"], False)):
+        result = run_supervisor(*extra + paths.options() + ["--", "sh", "-c", script],
+                                preexec_fn=ignore_int)
+        mask = int(result.stdout.split()[1], 16)
+        assert bool(mask & (1 << (signal.SIGINT - 1))) is ignored, (extra, result.stdout)
+
+
+def test_kill_after_is_the_cleanup_timeout(paths):
+    for spelling in (["-k", "0.5"], ["-k0.5"], ["--kill-after", "0.5"], ["--kill-after=0.5"]):
+        result = run_supervisor(*paths.options() + spelling + ["--", "true"])
+        assert result.returncode == 0, result.stderr
+        assert read_receipt(paths.receipt)["cleanup_timeout_s"] == 0.5
+
+
+def test_preserve_status_keeps_the_commands_status(paths):
+    result = run_supervisor("--preserve-status", *paths.options(timeout=0.3) + ["--", "sleep", "5"])
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    proc = start_supervisor("--preserve-status", *paths.options(timeout=0.5) + [
+        "--", PY, "-c", REPORTER, "--exit-on-signal", "0"])
+    status, _, err = finish(proc)
+    assert status == 3, err
+    receipt = read_receipt(paths.receipt)
+    assert receipt["exit_status"] == 3 and receipt["stop_reason"] == "timeout"
+
+
+def test_verbose_says_when_the_run_is_stopped_and_how_it_ended(paths):
+    script = "setsid -f sleep 300; sleep 300 & exec sleep 300"
+    proc = start_supervisor("-v", *paths.options(timeout=0.3, cleanup=1) + ["--", "sh", "-c", script])
+    status, _, err = finish(proc)  # the kept service holds the pipes open: no EOF
+    receipt = read_receipt(paths.receipt)
+    kept = receipt["preserved"][0]["pid"]
+    try:
+        assert status == 124
+        lines = err.splitlines()
+        assert len(lines) == 2, err
+        assert lines[0].startswith("supervisor.py: stopping the run: the deadline passed")
+        assert "SIGTERM" in lines[0]
+        assert lines[1].startswith("supervisor.py: done: timeout, exit status 124")
+        assert "%d drained" % receipt["drained_count"] in lines[1]
+        assert "1 kept (%d sleep 300)" % kept in lines[1] and "cleanup confirmed" in lines[1]
+    finally:
+        kill_all([kept])
+
+
+def test_without_verbose_a_stopped_run_is_quiet(paths):
+    result = run_supervisor(*paths.options(timeout=0.3) + ["--", "sleep", "5"])
+    assert result.returncode == 124 and result.stderr == ""
+
+
+def test_a_stop_file_left_from_an_earlier_run_says_why_nothing_ran(paths):
+    paths.stop.write_text("")
+    result = run_supervisor(*paths.options(stop=True) + ["--", "touch", paths.work / "ran"])
+    assert result.returncode == 124
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "stop file" in lines[0] and "not started" in lines[0]
+    assert not (paths.work / "ran").exists()
+
+
+# --- --drain-all: CI ---------------------------------------------------------------------------------
+
+SERVERS = (
+    "setsid -f sh -c 'echo setsid $$ >> servers; exec sleep 300'; "
+    "%s -c 'import subprocess; p = subprocess.Popen([\"sleep\", \"300\"], start_new_session=True); "
+    "open(\"servers\", \"a\").write(\"popen %%d\\n\" %% p.pid)'; " % PY)
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_drain_all_leaves_no_test_server_behind(paths, forced):
+    script = SERVERS + ("echo started; exec sleep 300" if forced else "exit 0")
+    options = paths.options(timeout=0.5 if forced else 30, cleanup=1)
+    result = run_supervisor("--drain-all", *options + ["--", "sh", "-c", script])
+    servers = [int(line.split()[1]) for line in (paths.work / "servers").read_text().splitlines()]
+    assert len(servers) == 2
+    assert result.returncode == (124 if forced else 0), result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["preserved"] == [] and receipt["cleanup_confirmed"] is True
+    assert not any(alive(pid) for pid in servers)
+    assert set(servers) <= set(p["pid"] for p in receipt["drained"])
+
+
+def test_without_drain_all_the_servers_are_kept_and_said_so(paths):
+    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", SERVERS + "exit 0"])
+    status, _, err = finish(proc)
+    servers = [int(line.split()[1]) for line in (paths.work / "servers").read_text().splitlines()]
+    try:
+        assert status == 0, err
+        assert sorted(p["pid"] for p in read_receipt(paths.receipt)["preserved"]) == sorted(servers)
+    finally:
+        kill_all(servers)
+
+
+# --- The receipt: what the drain did, what the run cost ---------------------------------------------
+
+def test_the_receipt_lists_what_was_drained(paths):
+    script = "for i in 1 2 3; do sleep 300 & done; setsid -f sleep 301; exec sleep 302"
+    proc = start_supervisor(*paths.options(timeout=0.5, cleanup=1) + ["--", "sh", "-c", script])
+    status, _, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    kept = [p["pid"] for p in receipt["preserved"]]
+    try:
+        assert status == 124, err
+        commands = sorted(" ".join(p["command"]) for p in receipt["drained"])
+        assert commands == ["sleep 300"] * 3 + ["sleep 302"]  # the command itself too
+        assert receipt["drained_count"] == 4 and receipt["schema_version"] == 2
+        assert set(receipt["drained"][0]) == {"pid", "command"}
+    finally:
+        kill_all(kept)
+
+
+def test_the_drained_list_is_capped_at_a_thousand(paths):
+    script = "for i in $(seq 1100); do sleep 300 & done; exit 0"
+    result = run_supervisor(*paths.options(cleanup=5) + ["--", "sh", "-c", script], timeout=120)
+    assert result.returncode == 0, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["drained_count"] == 1100 and len(receipt["drained"]) == 1000
+
+
+def test_the_receipt_says_what_the_run_cost(paths):
+    burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    result = run_supervisor(*paths.options() + ["--", "sh", "-c", "%s -c '%s' & wait" % (PY, burn)])
+    assert result.returncode == 0, result.stderr
+    usage = read_receipt(paths.receipt)["usage"]
+    assert set(usage) == {"cpu_user_s", "cpu_system_s", "max_rss_kib"}
+    assert 0.25 <= usage["cpu_user_s"] + usage["cpu_system_s"] < 5
+    assert usage["max_rss_kib"] > 1000  # a Python process, the largest single one
+
+
+# --- / is nobody's workdir ----------------------------------------------------------------------------
+
+def test_from_the_root_directory_any_receipt_path_is_accepted(paths):
+    result = run_supervisor("--timeout", 5, "--receipt", paths.receipt, "--", "pwd", cwd="/")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "/\n" and read_receipt(paths.receipt)["workdir"] == "/"
+    result = run_supervisor("--timeout", 5, "--workdir", "/", "--receipt", paths.receipt,
+                            "--", "true", cwd="/")
+    assert result.returncode == 125 and "--receipt" in result.stderr
+
+
+# --- --help teaches -------------------------------------------------------------------------------------
+
+def test_help_teaches_what_the_readme_does():
+    text = run_supervisor("--help").stdout
+    for fragment in ("kept", "drained", "detached services", "TERM, INT, HUP",
+                     "EACH of the three cleanup phases", "COMMAND never starts",
+                     "cleanup_confirmed", "preserved", "exit_status", "--drain-all",
+                     "--signal", "--kill-after", "--preserve-status", "--verbose"):
+        assert fragment in text, fragment
+
+
+# --- The API ------------------------------------------------------------------------------------------
+
+def run_python(code):
+    result = subprocess.run([PY, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_readme_api_example_runs(tmp_path):
+    receipt = tmp_path / "new" / "dir" / "receipt.json"
+    code = ("import supervisor\n"
+            "r = supervisor.supervise(['sh', '-c', 'exit 5'], timeout=60, cleanup_timeout=1,\n"
+            "                         stop_path=%r, workdir=%r)\n"
+            "supervisor.write_receipt(r, %r)\n"
+            "print(r['exit_status'])\n" % (str(tmp_path / "stop"), str(tmp_path), str(receipt)))
+    assert run_python(code).strip() == "5"
+    assert json.loads(receipt.read_text())["exit_status"] == 5
+
+
+def test_api_errors_speak_of_arguments_and_name_the_receipt_path(tmp_path):
+    code = ("import supervisor\n"
+            "try:\n"
+            "    supervisor.supervise('make test', 60)\n"
+            "except supervisor.UsageError as e:\n"
+            "    print(e)\n"
+            "try:\n"
+            "    supervisor.write_receipt({}, %r)\n"
+            "except OSError as e:\n"
+            "    print(e)\n" % str(tmp_path / "file" / "receipt.json"))
+    (tmp_path / "file").write_text("")
+    first, second = run_python(code).splitlines()
+    assert "argv list" in first and "--" not in first
+    assert str(tmp_path / "file" / "receipt.json") in second and ".tmp" not in second
+
+
+# --- Installed beside supervisord ----------------------------------------------------------------------
+
+def test_pip_install_beside_supervisord(tmp_path):
+    """supervisord's module is also called supervisor: the package installs
+    the module as treereap, whose command names itself treereap."""
+    venv = tmp_path / "venv"
+    subprocess.check_call([PY, "-m", "venv", "--without-pip", str(venv)], timeout=120)
+    site = subprocess.check_output([str(venv / "bin" / "python"), "-c",
+                                    "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   universal_newlines=True).strip()
+    os.makedirs(os.path.join(site, "supervisor"))
+    with open(os.path.join(site, "supervisor", "__init__.py"), "w") as f:
+        f.write("raise ImportError('this is supervisord, not supervisor.py')\n")
+    source = tmp_path / "source"  # a copy: the build leaves nothing in the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "supervisor.py", "treereap.py"):
+        subprocess.check_call(["cp", "-P", os.path.join(ROOT, name), str(source)])
+    assert os.path.islink(str(source / "treereap.py"))
+    subprocess.check_call([PY, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                           "-q", str(source)], cwd=str(tmp_path), timeout=300)
+    help_text = subprocess.check_output([str(venv / "bin" / "treereap"), "--help"],
+                                        universal_newlines=True)
+    assert help_text.startswith("usage: treereap --timeout")
+    result = subprocess.run([str(venv / "bin" / "treereap"), "--bogus"], stderr=subprocess.PIPE,
+                            universal_newlines=True)
+    assert result.returncode == 125 and result.stderr.startswith("treereap: unknown option")
+    version = subprocess.check_output([str(venv / "bin" / "python"), "-c",
+                                       "import treereap; print(treereap.__version__)"],
+                                      cwd=str(tmp_path), universal_newlines=True).strip()
+    assert version == run_python("import supervisor; print(supervisor.__version__)").strip()
+    result = subprocess.run([str(venv / "bin" / "treereap"), "--timeout", "5", "--", "sh", "-c",
+                             "exit 7"], cwd=str(tmp_path))
+    assert result.returncode == 7
