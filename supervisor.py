@@ -503,15 +503,15 @@ class _ProcFS(object):
         """The bytes of /proc/path, or None when what it describes is gone.
         Read to EOF: a seq_file answers a read with at most a page of whole
         records, so a short read is not the end (a list of 700 children is
-        two pages). one_record: a file that is one short line (stat), read
-        once."""
+        two pages). one_record: a file whose short read is its end (stat,
+        one record; cmdline, no seq_file), read once unless it fills 4 KiB."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError as e:
             return self._gone_or_raise(e, path)
         try:
             chunks = [os.read(fd, 4096)]
-            while chunks[-1] and not one_record:
+            while chunks[-1] and (not one_record or len(chunks[-1]) == 4096):
                 chunks.append(os.read(fd, 65536))
             return b"".join(chunks)
         except OSError as e:
@@ -600,7 +600,7 @@ class _ProcFS(object):
         argv (a zombie), as ps shows it; [] when it is gone or unreadable:
         a name is for people, never evidence."""
         try:
-            argv = self.read("%d/cmdline" % pid)
+            argv = self.read("%d/cmdline" % pid, one_record=True)
             if argv:
                 return [arg.decode("utf-8", "replace") for arg in argv.rstrip(b"\0").split(b"\0")]
             name = (self.read("%d/comm" % pid) or b"").strip()
@@ -771,14 +771,16 @@ class _ProcTree(object):
         return [(identity, argv) for identity, argv in self.ended.items() if identity not in left]
 
     def members(self, scope, until=None):
-        return self._walk(scope, until=until).found
+        """Live processes in scope, for waiting on and for the record: a look
+        whose stability nobody uses, so it skips the checks that give it."""
+        return self._walk(scope, until=until, careful=False).found
 
     def signal(self, scope, sig):
         """Signal the group (and the command if it left the group), and in the
         run's scope every other process that is provably ours."""
         _signal_group(self.fs, self.pid, self.pgid, sig)
         if scope == _RUN:
-            _close_pins(self._walk(_RUN, sig=sig).pins)
+            _close_pins(self._walk(_RUN, sig=sig, careful=False).pins)
 
     def kill(self, scope, until):
         """SIGKILL the scope. The walk freezes each process as it finds it
@@ -881,7 +883,7 @@ class _ProcTree(object):
     def _in_group(self, proc):
         return proc.pgid == self.pgid or proc.pid == self.pid
 
-    def _walk(self, scope, sig=None, kill=False, until=None, everything=False):
+    def _walk(self, scope, sig=None, kill=False, until=None, everything=False, careful=True):
         """One look from this process down (see the class docstring): the live
         processes in scope, parents first. With sig, each of them is proven
         and pinned, and those outside the group are sent sig as they are
@@ -903,7 +905,7 @@ class _ProcTree(object):
                     node = self._visit(parent, pid, scope, sig, walk, index, everything)
                     if node is not None:
                         children = self._children_of(node, index)
-                        if not self._still_there(node):
+                        if careful and not self._still_there(node):
                             walk.stable = False  # it died: its children moved to a list read before
                         stack.append((node, None))
                         stack.extend((node, child) for child in reversed(children))
@@ -1239,18 +1241,25 @@ class _StopFileWatch(object):
         return name in self.watched.get(wd, (None, ()))[1]
 
     def _rewatch(self):
+        """Every directory on the path is watched for its own move or deletion;
+        only where an entry decides the path (the stop file's directory, the
+        deepest that exists, a symlink's) for entries too: a busy /tmp on the
+        way wakes nobody."""
         steps = _path_steps(self.path)
-        identity = steps + tuple(_inode_of(directory) for directory, _ in steps)
+        identity = steps + tuple(_inode_of(directory) for directory, _, _ in steps)
         if identity == self.resolved:
             return  # the same directories (inodes, not only names) as watched now
         self._unwatch()
         names = {}
-        for directory, name in steps:
-            names.setdefault(directory, set()).add(name.encode())
-        mask = (_IN_CREATE | _IN_MOVED_TO | _IN_MOVED_FROM | _IN_DELETE | _IN_DELETE_SELF
-                | _IN_MOVE_SELF | _IN_ONLYDIR)
+        for directory, name, entry_matters in steps:
+            wanted = names.setdefault(directory, set())
+            if entry_matters:
+                wanted.add(name.encode())
         blind = False
         for directory, wanted in names.items():
+            mask = _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
+            if wanted:
+                mask |= _IN_CREATE | _IN_MOVED_TO | _IN_MOVED_FROM | _IN_DELETE
             try:
                 wd = _libc().call("inotify_add_watch", self.fd, os.fsencode(directory), mask)
             except OSError:  # ENOSPC (watch limit), EACCES: poll instead
@@ -1290,9 +1299,11 @@ def _inode_of(directory):
 
 
 def _path_steps(path):
-    """The (directory, name) lookups that resolving path makes, through every
-    existing directory and symlink on the way (at most 40 links, as the
-    kernel), down to the deepest directory that exists."""
+    """The (directory, name, entry matters) lookups that resolving path makes,
+    through every existing directory and symlink on the way (at most 40
+    links, as the kernel), down to the deepest directory that exists. The
+    entry matters where a change to it changes the path: the last lookup
+    (the stop file, or what is missing) and a symlink's."""
     steps, directory, parts, links = [], "/", path.strip("/").split("/"), 0
     while parts:
         name = parts.pop(0)
@@ -1301,14 +1312,16 @@ def _path_steps(path):
         if name == "..":
             directory = os.path.dirname(directory)
             continue
-        steps.append((directory, name))
         if not parts:
+            steps.append((directory, name, True))
             break  # the stop file itself: its directory is watched for it
         here = os.path.join(directory, name)
         try:
             st = os.lstat(here)
         except OSError:
+            steps.append((directory, name, True))
             break  # missing: the deepest existing directory is watched for it
+        steps.append((directory, name, st.st_mode & 0o170000 != 0o040000))
         if st.st_mode & 0o170000 == 0o120000 and links < 40:
             links += 1
             try:
@@ -1628,9 +1641,12 @@ def _reap_exited(run):
             run.reap_pending = True
             return
         run.next_list_reap, run.reap_pending = now + _REAP_LIST_INTERVAL, False
-        for pid in run.tree.own_children()[:_REAP_BATCH]:
+        children = run.tree.own_children()
+        for pid in children[:_REAP_BATCH]:
             if pid != run.pid:
                 _reap_pid(pid)
+        if len(children) > _REAP_BATCH:  # more behind: right after a look at the clock
+            run.reap_pending, run.next_list_reap = True, now
         return
     run.reap_pending, run.next_list_reap = True, _now()  # more to reap: right after a look
 
@@ -2255,8 +2271,13 @@ def _json(value, indent=""):
     if isinstance(value, float):
         return repr(value) if value == value and abs(value) != float("inf") else "null"
     if isinstance(value, str):
-        return '"%s"' % "".join(
-            c if " " <= c <= "~" else _json_char(c) for c in value.translate(_JSON_ESCAPES))
+        escaped = value.translate(_JSON_ESCAPES)
+        try:
+            if b"\x7f" not in escaped.encode("ascii"):  # the usual case: nothing more to do
+                return '"%s"' % escaped
+        except UnicodeEncodeError:
+            pass
+        return '"%s"' % "".join(c if " " <= c <= "~" else _json_char(c) for c in escaped)
     inner = indent + "  "
     if isinstance(value, dict):
         items = ["%s%s: %s" % (inner, _json(str(k)), _json(v, inner)) for k, v in value.items()]
