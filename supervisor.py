@@ -71,6 +71,10 @@ _REAP_LIST_INTERVAL = 0.01
 # At most this many zombies are reaped in one go before the caller's
 # deadlines are looked at again.
 _REAP_BATCH = 256
+# A confirmation tries this many looks before it lets the drain wait; a look
+# that found nothing alive but was disturbed is taken again this soon.
+_CONFIRM_TRIES = 4
+_UNSETTLED_RETRY = 0.002
 # A drain round waits this long at most for what it killed before it walks the
 # tree again, so a process stuck in D state cannot hide new adoptions.
 _DRAIN_ROUND_LIMIT = 0.05
@@ -200,7 +204,8 @@ def _define_receipt_type():
         "duration_s": float, "timeout_s": float, "cleanup_timeout_s": float,
         "stop_reason": str, "signal": Optional[str], "exit_status": int,
         "cleanup_s": float, "ladder": list, "containment": str, "user": Optional[dict],
-        "preserved": list, "survivors": list, "drained": list, "drained_count": int,
+        "preserved": list, "survivors": list, "unattributed": list, "drained": list,
+        "drained_count": int,
         "usage": dict,
     }
     return TypedDict("CleanupReceipt", fields)
@@ -578,12 +583,10 @@ class _ProcFS(object):
         data = self.read("self/autogroup")
         return int(data.split()[-1]) if data else None
 
-    def set_autogroup_nice(self, nice):
-        fd = os.open("self/autogroup", os.O_WRONLY | os.O_CLOEXEC, dir_fd=self.fd)
-        try:
-            os.write(fd, str(nice).encode())
-        finally:
-            os.close(fd)
+    def open_autogroup(self):
+        """Held open while it matters: giving the priority back must not need
+        a descriptor that a starved supervisor may not get."""
+        return _high_fd(os.open("self/autogroup", os.O_WRONLY | os.O_CLOEXEC, dir_fd=self.fd))
 
     def open_fd_count(self):
         try:
@@ -713,8 +716,10 @@ class _ProcTree(object):
         self.kept = set()           # identities of the services kept running
         self.inherited = set()      # identities of the caller's processes
         self.inherited_groups = set()  # their process groups: the caller's jobs
+        self.unattributed = {}      # identity -> _Proc adopted in the caller's jobs' groups
         self.recording = False      # from the cleanup on: what each look finds may be ended
         self.ended = {}             # identity -> argv (None past _DRAINED_LIMIT) of those
+        self.gone = set()           # identities whose pin showed them exit
         self.pidfds = True          # until the kernel says otherwise
         self.saved_fd_limit = None  # our RLIMIT_NOFILE, while raised
 
@@ -741,9 +746,16 @@ class _ProcTree(object):
         self.inherited_groups = set(p.pgid for p in walk.found if p.ppid == self.me)
 
     def _is_inherited(self, proc):
-        """For our own children: the caller's, by identity or by job."""
-        return proc.identity in self.inherited or (
-            proc.pgid in self.inherited_groups and not self._in_group(proc))
+        """For our own children: the caller's (known at start), or adopted
+        since in one of the caller's jobs' groups, which a process of the run
+        can join too (or a reused group id can match): then it is
+        unattributed, left alone, and it keeps the run from being confirmed."""
+        if proc.identity in self.inherited:
+            return True
+        if proc.pgid in self.inherited_groups and not self._in_group(proc):
+            self.unattributed[proc.identity] = proc
+            return True
+        return False
 
     def detached(self, until=None):
         """Our live children outside the command's group, but never the
@@ -761,26 +773,52 @@ class _ProcTree(object):
     def keep(self, procs):
         self.kept.update(p.identity for p in procs)
 
+    def live_children(self):
+        found = []
+        for pid in self.own_children():
+            proc = self.fs.stat(pid)
+            if proc is not None and proc.live:
+                found.append(proc)
+        return found
+
+    def is_callers(self, proc):
+        return self._is_inherited(proc)
+
     def begin_cleanup(self):
         """From now on, every live process a look finds in scope is one the
         cleanup will end; drained() is those of them not among survivors."""
         self.recording = True
 
     def drained(self, survivors):
+        """What the cleanup ended: those it recorded that were seen to exit, or
+        are gone now (one that left the scope, below a kept service, lives on
+        and is not listed)."""
         left = set(p.identity for p in survivors)
-        return [(identity, argv) for identity, argv in self.ended.items() if identity not in left]
+        return [(identity, argv) for identity, argv in self.ended.items()
+                if identity not in left and (identity in self.gone or not self._alive_now(identity))]
+
+    def _alive_now(self, identity):
+        """Alive, or not known to be gone: a look that fails claims nothing."""
+        try:
+            proc = self.fs.stat(identity[0])
+        except ObservationError:
+            return True
+        return proc is not None and proc.live and proc.start == identity[1]
+
+    def note_gone(self, proc):
+        self.gone.add(proc.identity)
 
     def members(self, scope, until=None):
         """Live processes in scope, for waiting on and for the record: a look
         whose stability nobody uses, so it skips the checks that give it."""
         return self._walk(scope, until=until, careful=False).found
 
-    def signal(self, scope, sig):
+    def signal(self, scope, sig, until=None):
         """Signal the group (and the command if it left the group), and in the
         run's scope every other process that is provably ours."""
         _signal_group(self.fs, self.pid, self.pgid, sig)
         if scope == _RUN:
-            _close_pins(self._walk(_RUN, sig=sig, careful=False).pins)
+            _close_pins(self._walk(_RUN, sig=sig, careful=False, until=until).pins)
 
     def kill(self, scope, until):
         """SIGKILL the scope. The walk freezes each process as it finds it
@@ -830,16 +868,18 @@ class _ProcTree(object):
         in a row found nothing alive in scope, each undisturbed, and saw the
         same processes (a process that died during the first look handed its
         children to a list read before: the second sees them). Else the live
-        processes found, and False when time ran out first."""
-        while True:
+        processes found, or ([], False) when the looks kept being disturbed
+        (a few tries: the caller waits before it asks again) or time ran out."""
+        for _ in range(_CONFIRM_TRIES):
             walk = self._walk(scope, until=until)
             if walk.found:
                 return walk.found, walk.stable
             if walk.stable and previous is not None and walk.seen == previous.seen:
                 return [], True
             if _now() >= until:
-                return [], False
+                break
             previous = walk if walk.stable else None
+        return [], False
 
     def alive(self, proc):
         now = self.fs.stat(proc.pid)
@@ -904,10 +944,10 @@ class _ProcTree(object):
                 else:
                     node = self._visit(parent, pid, scope, sig, walk, index, everything)
                     if node is not None:
+                        stack.append((node, None))  # left, and its pin closed, whatever happens
                         children = self._children_of(node, index)
                         if careful and not self._still_there(node):
                             walk.stable = False  # it died: its children moved to a list read before
-                        stack.append((node, None))
                         stack.extend((node, child) for child in reversed(children))
         finally:
             for node, pid in stack:
@@ -943,14 +983,18 @@ class _ProcTree(object):
         pin = self._prove(parent, pid) if sig is not None and not parent_kept else None
         proc = pin.proc if pin is not None else self._look(pid, index)
         if proc is None or proc.ppid != (parent_proc.pid if parent_proc else self.me):
-            if proc is not None:
-                walk.stable = False  # re-parented while we looked: seen next look
+            # Gone since its parent's list was read, or re-parented: it may
+            # have handed its children to a list read before. Below a kept
+            # service, which runs on, only group members are at stake.
+            if proc is not None or not parent_kept:
+                walk.stable = False
             return _closed(pin)
         if parent is None and not everything:
             if self._is_inherited(proc):
                 return _closed(pin)
             if not proc.live and pid != self.pid:
                 _reap_pid(pid)  # gone for good: the next look will not see it either
+                walk.stable = False  # it may have died after our list was read
                 return _closed(pin)
         if not parent_kept:
             walk.seen.add(proc.identity)
@@ -1451,10 +1495,13 @@ def _id_number(text, what):
 
 
 def _check_user_may_not_replace(user, target):
-    """Under --user the command must not be able to replace the receipt (nor
-    a kept service of it): refuse a receipt directory, or a directory above
-    it, that the user owns, or can write unless it is sticky (as /tmp is);
-    below a sticky one, an entry on the way that the user owns."""
+    """Under --user the command must not be able to put a receipt of its own
+    at the path, nor replace ours (nor may a kept service of it): refuse a
+    receipt directory that user can write, sticky or not (between the stale
+    receipt's removal and ours, the name is free for anyone who may create
+    it); above it, a directory the user owns, or can write unless it is
+    sticky (as /tmp is), or, below a sticky one, an entry that the user
+    owns."""
     directories = [target.directory]
     while directories[-1] != "/":
         directories.append(os.path.dirname(directories[-1]))
@@ -1463,7 +1510,9 @@ def _check_user_may_not_replace(user, target):
     for directory, can_write in zip(directories, writable):
         st = os.stat(directory)
         owned_below = below is not None and os.lstat(below).st_uid == user.uid
-        if st.st_uid == user.uid or (can_write and (not st.st_mode & 0o1000 or owned_below)):
+        own_directory = below is None
+        if st.st_uid == user.uid or (can_write and (
+                own_directory or not st.st_mode & 0o1000 or owned_below)):
             raise UsageError("--user: %s could replace the receipt through %s (%s); put the "
                              "receipt in a directory that user cannot write" % (
                                  user.shown, directory,
@@ -1477,13 +1526,12 @@ class _Plan(object):
     """What the caller asked for, checked, before anything starts."""
 
     def __init__(self, command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent,
-                 receipt=None, user=None, stop_signal=None, drain_all=False,
+                 user=None, stop_signal=None, drain_all=False,
                  preserve_status=False, verbose=False):
         self.command = command
         self.timeout, self.cleanup_timeout = timeout, cleanup_timeout
         self.stop_path, self.workdir = stop_path, workdir
         self.stop_with_parent = stop_with_parent
-        self.receipt = receipt      # the CLI's _ReceiptTarget: its stale receipt goes at start
         self.user = user            # --user: a _User, or None
         self.stop_signal = stop_signal or signal.SIGTERM  # the first signal of a stop
         self.drain_all = drain_all  # nothing is kept: every process of the run is drained
@@ -1512,11 +1560,12 @@ class _Run(object):
         self.error = self.error_exit = None
         self.failed = False             # the supervisor itself failed: nothing confirmed
         self.preserved, self.survivors, self.stable = [], [], True
+        self.unattributed = []          # live processes adopted in the caller's jobs' groups
         self.fs = self.tree = self.catcher = self.watch = None
         self.terminal = None            # fd 0, when the command was given the terminal
         self.subreaper_before = None
         self.next_list_reap, self.reap_pending = 0.0, False  # see _reap_exited()
-        self.saved_priority = None      # (nice, autogroup nice) while the cleanup has the CPU
+        self.saved_priority = None      # (nice, autogroup nice, its fd) while the cleanup has the CPU
         self.usage_before = None        # getrusage(RUSAGE_CHILDREN) at the command's start
 
 
@@ -1974,10 +2023,12 @@ def _take_the_cpu(run):
     if not _has_capability(_CAP_SYS_NICE, run.fs):
         return
     try:
-        run.saved_priority = (os.getpriority(os.PRIO_PROCESS, 0), run.fs.autogroup_nice())
+        nice, group_nice = os.getpriority(os.PRIO_PROCESS, 0), run.fs.autogroup_nice()
+        group_fd = run.fs.open_autogroup() if group_nice is not None else None
+        run.saved_priority = (nice, group_nice, group_fd)
         os.setpriority(os.PRIO_PROCESS, 0, -20)
-        if run.saved_priority[1] is not None:
-            run.fs.set_autogroup_nice(-20)
+        if group_fd is not None:
+            os.pwrite(group_fd, b"-20", 0)
     except (OSError, ValueError):
         pass
 
@@ -1988,12 +2039,16 @@ def _give_back_the_cpu(run):
     saved, run.saved_priority = run.saved_priority, None
     if saved is None:
         return
+    nice, group_nice, group_fd = saved
     try:
-        if saved[1] is not None:
-            run.fs.set_autogroup_nice(saved[1])
-        os.setpriority(os.PRIO_PROCESS, 0, saved[0])
+        if group_fd is not None:
+            os.pwrite(group_fd, str(group_nice).encode(), 0)
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
     except (OSError, ValueError):
         pass
+    finally:
+        if group_fd is not None:
+            os.close(group_fd)
 
 
 def _stop_forced(run):
@@ -2014,7 +2069,7 @@ def _stop_forced(run):
         tree.keep(tree.detached(grace_end))
     tree.begin_cleanup()
     members = tree.members(scope, grace_end)  # while frozen: each one the stop may end is seen
-    tree.signal(scope, plan.stop_signal)
+    tree.signal(scope, plan.stop_signal, grace_end)
     tree.signal(_GROUP, signal.SIGCONT)
     _await_gone(run, members, grace_end)
     kill_end = _enter(run, "killing")
@@ -2039,7 +2094,7 @@ def _finish_natural(run):
     members = tree.members(scope, _now() + plan.cleanup_timeout)
     if members:
         grace_end = _enter(run, "terminating")
-        tree.signal(scope, plan.stop_signal)
+        tree.signal(scope, plan.stop_signal, grace_end)
         tree.signal(_GROUP, signal.SIGCONT)
         _await_gone(run, members, grace_end)
     _drain(run, scope)
@@ -2070,6 +2125,7 @@ def _await_exits(run, pins, until, interruptible=False):
                 delay = min(delay * 2, _EXIT_POLL_MAX)
             else:
                 _wait(run, until, (pin.fd,))
+        run.tree.note_gone(pin.proc)
     return True
 
 
@@ -2086,11 +2142,12 @@ def _drain(run, scope):
                 run.survivors, run.stable = tree.confirm(scope, endtime, previous=walk)
                 if run.stable and not run.survivors:
                     return
-                continue
             if walk.pins:
                 _await_exits(run, walk.pins, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
-            else:  # nothing provable yet: an adoption (SIGCHLD) or a moment
+            elif walk.found:  # nothing provable yet: an adoption (SIGCHLD) or a moment
                 _wait(run, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
+            else:  # nothing alive, but the look was disturbed (a zombie reaped): soon again
+                _wait(run, min(endtime, _now() + _UNSETTLED_RETRY))
         finally:
             _close_pins(walk.pins)
     last = _now() + _FINAL_PASS_LIMIT
@@ -2134,18 +2191,31 @@ def _finish(run):
             os.waitid(os.P_PID, run.pid, os.WEXITED)
             run.reaped = True
     _reap_exited(run)
+    tree = run.tree
     forced = run.stop_reason is not None
     if not run.plan.drain_all:
-        run.preserved = [p for p in run.tree.detached()
-                         if not forced or p.identity in run.tree.kept]
+        run.preserved = [p for p in tree.detached()
+                         if not forced or p.identity in tree.kept]
+    # The services were free to run since the confirming look: one that died
+    # meanwhile handed its children to us, and one could have put a process
+    # in the command's group. A live child of ours that is neither the
+    # command, a service kept above, nor the caller's, is the run's, alive.
+    if not run.survivors and run.stable:
+        kept = set(p.identity for p in run.preserved)
+        run.survivors = [p for p in tree.live_children()
+                         if p.pid != run.pid and p.identity not in kept
+                         and not tree.is_callers(p)]
+    run.unattributed = [p for p in tree.unattributed.values() if tree.alive(p)]
 
 
 def _abandon(run):
     """The supervisor itself failed mid-run: kill the group rather than leave
-    it running unsupervised (its leader is still held, so the id is ours)."""
+    it running unsupervised (its leader is still held, so the id is ours),
+    and give back the CPU priority the cleanup took."""
     if run.pid is not None and not run.reaped:
         _quietly_signal(run.pgid, signal.SIGKILL, group=True)
         _quietly_signal(run.pid, signal.SIGKILL)
+    _give_back_the_cpu(run)
 
 
 def _release(run):
@@ -2205,7 +2275,7 @@ def _usage(run):
 
 
 def _build_receipt(run, ended_wall, ended):
-    confirmed = not run.survivors and run.stable and not run.failed
+    confirmed = not run.survivors and run.stable and not run.failed and not run.unattributed
     ladder = [{"step": name, "start_s": round(begin - run.started, 6),
                "duration_s": round((end or ended) - begin, 6)} for name, begin, end in run.ladder]
     cleanup_s = ended - run.ended_running if run.ended_running is not None else 0.0
@@ -2239,6 +2309,8 @@ def _build_receipt(run, ended_wall, ended):
                       for p in run.preserved],
         "survivors": [{"pid": p.pid, "ppid": p.ppid, "pgid": p.pgid, "sid": p.sid,
                        "state": p.state, "command": fs.cmdline(p.pid)} for p in run.survivors],
+        "unattributed": [{"pid": p.pid, "start_time": p.start, "command": fs.cmdline(p.pid)}
+                         for p in run.unattributed],
         "drained": [{"pid": identity[0], "command": argv}
                     for identity, argv in drained[:_DRAINED_LIMIT]],
         "drained_count": len(drained),
@@ -2573,11 +2645,6 @@ def _execute(run):
     in a receipt, one that does not confirm the cleanup."""
     try:
         _prepare(run)
-        if run.plan.receipt is not None:
-            try:
-                run.plan.receipt.remove_stale()
-            except OSError as e:
-                raise UsageError("--receipt: %s: %s" % (e.filename, e.strerror))
         if _stopped_before_start(run):
             _enter(run, "done")
         else:
@@ -2821,19 +2888,29 @@ def _parse_signal(text, option="--signal"):
     return number
 
 
-def _check_workdir(options):
+def _workdir_of(options):
     """(the command's directory, the directory the receipt must stay out of).
     Without --workdir, the current directory is both, except /: the default
     of docker exec and kubectl exec is nobody's workdir."""
     workdir = (_absolute(options.workdir, "--workdir") if options.workdir
                else _current_directory())
-    fence = None if workdir == "/" and not options.workdir else workdir
+    return workdir, None if workdir == "/" and not options.workdir else workdir
+
+
+def _remove_stale(target):
+    try:
+        target.remove_stale()
+    except OSError as e:
+        target.discard()
+        raise UsageError("--receipt: %s: %s" % (e.filename, e.strerror))
+
+
+def _check_workdir(workdir):
     if not os.path.isdir(workdir):
         what = "is not a directory" if os.path.exists(workdir) else "does not exist"
         raise UsageError("--workdir: %s %s" % (workdir, what))
     if not os.access(workdir, os.X_OK):
         raise UsageError("--workdir: cannot enter %s (permission denied)" % workdir)
-    return workdir, fence
 
 
 def _check_receipt_target(path, workdir):
@@ -2844,7 +2921,13 @@ def _check_receipt_target(path, workdir):
         target = _ReceiptTarget(path)
     except OSError as e:
         raise UsageError("--receipt: %s: %s" % (e.filename or path, e.strerror or e))
-    if workdir is not None and _is_inside(target.dir_fd, workdir):
+    try:
+        inside = workdir is not None and _is_inside(target.dir_fd, workdir)
+    except OSError as e:
+        target.discard()
+        raise UsageError("--receipt: cannot tell whether %s is inside the workdir %s: %s"
+                         % (path, workdir, e.strerror))
+    if inside:
         target.discard()
         raise UsageError("--receipt: %s lands in %s, inside the workdir %s; put the "
                          "receipt outside it" % (path, target.directory, workdir))
@@ -2950,16 +3033,20 @@ def main(argv=None):
             _print("%s %s\n" % (_PROG, __version__))
             return 0
         _require_linux()
-        workdir, fence = _check_workdir(options)
-        user = _check_user(options.user, workdir) if options.user is not None else None
+        workdir, fence = _workdir_of(options)
         if options.receipt is not None:
+            # First: from here on, any refusal leaves no receipt at the path,
+            # so no receipt always means "not confirmed" for this run.
             target = _check_receipt_target(options.receipt, fence)
-            if user is not None:
-                _check_user_may_not_replace(user, target)
+            _remove_stale(target)
+        _check_workdir(workdir)
+        user = _check_user(options.user, workdir) if options.user is not None else None
+        if user is not None and target is not None:
+            _check_user_may_not_replace(user, target)
         stop_path = _check_stop_file(options.stop_file, target)
         relay = _relay_into_new_session() if options.new_session else None
         run = _Run(_make_plan(options.command, options.timeout, options.cleanup_timeout,
-                              stop_path, workdir, relay, receipt=target, user=user,
+                              stop_path, workdir, relay, user=user,
                               stop_signal=options.signal, drain_all=options.drain_all,
                               preserve_status=options.preserve_status,
                               verbose=options.verbose))
@@ -3004,7 +3091,12 @@ def _outcome(receipt, status):
 
 
 def _unconfirmed_message(receipt):
-    survivors = receipt["survivors"]
+    survivors, unattributed = receipt["survivors"], receipt["unattributed"]
+    if unattributed and not survivors:
+        return ("cleanup not confirmed: %d process(es) adopted in the process groups of the "
+                "caller's jobs (%s) cannot be told from the run's, and were left alone; start "
+                "the supervisor without background jobs, or with --new-session" % (
+                    len(unattributed), ", ".join(str(p["pid"]) for p in unattributed[:10])))
     if not survivors:
         return ("cleanup not confirmed: the processes kept changing while /proc was read; "
                 "do not reuse this sandbox")

@@ -285,6 +285,27 @@ def read_lines_until(stream, last, timeout=20.0):
             buf += chunk
 
 
+def read_lines(stream, count, timeout=20.0):
+    """The next `count` lines from a pipe; fails on EOF or timeout."""
+    lines, buf, fd = [], _LEFTOVER.pop(stream, b""), stream.fileno()
+    end = time.monotonic() + timeout
+    while True:
+        while b"\n" in buf and len(lines) < count:
+            line, buf = buf.split(b"\n", 1)
+            lines.append(line.decode())
+        if len(lines) == count:
+            _LEFTOVER[stream] = buf
+            return lines
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError("%d lines within %ss; got %r" % (count, timeout, lines))
+        if select.select([fd], [], [], remaining)[0]:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise AssertionError("EOF after %r" % (lines,))
+            buf += chunk
+
+
 def tree_cmd(spec, python=PY):
     return [python, os.path.join(HELPERS, "tree.py"), json.dumps(spec)]
 

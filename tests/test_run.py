@@ -10,9 +10,8 @@ import time
 import pytest
 
 from conftest import (
-    IS_ROOT, PY, alive, descendants, finish, inotify_watches, kill_all, proc_stat,
-    read_lines_until,
-    read_receipt, run_supervisor, start_supervisor, start_tree, wait_until,
+    IS_ROOT, PY, alive, descendants, finish, inotify_watches, kill_all, proc_stat, read_lines,
+    read_lines_until, read_receipt, run_supervisor, start_supervisor, start_tree, wait_until,
 )
 
 
@@ -23,7 +22,8 @@ RECEIPT_TYPES = {
     "cleanup_timeout_s": float, "stop_reason": str, "signal": (str, type(None)),
     "timed_out": bool, "return_code": (int, type(None)), "exit_status": int,
     "cleanup_confirmed": bool, "cleanup_s": float, "ladder": list, "containment": str,
-    "user": (dict, type(None)), "preserved": list, "survivors": list, "drained": list,
+    "user": (dict, type(None)), "preserved": list, "survivors": list, "unattributed": list,
+    "drained": list,
     "drained_count": int, "usage": dict, "error": (str, type(None)),
 }
 
@@ -298,12 +298,14 @@ def test_forced_stop_drains_stopped_members(paths):
 def test_forced_stop_drains_a_fork_storm(paths):
     """A few hundred processes, still forking when the stop comes, some in
     sessions of their own, some ignoring SIGTERM."""
-    proc = start_supervisor(*paths.options(timeout=0.3, cleanup=1) + [
+    proc = start_supervisor(*paths.options(cleanup=1, stop=True) + [
         "--", PY, os.path.join(os.path.dirname(__file__), "helpers", "storm.py"), "300"])
-    status, out, err = finish(proc, timeout=60)  # EOF: no storm process holds stdout
+    first = read_lines(proc.stdout, 20)  # the storm is under way: stop it mid-flight
+    paths.stop.write_text("")
+    status, out, err = finish(proc, timeout=60)
     assert status == 124, err
-    started = [tuple(map(int, line.split()[1:])) for line in out.splitlines()]
-    assert len(started) > 10
+    started = [tuple(map(int, line.split()[1:])) for line in first + out.splitlines() if line]
+    assert len(started) >= 20
     assert not [pid for pid, start in started if alive(pid, start)]
     receipt = read_receipt(paths.receipt)
     assert receipt["cleanup_confirmed"] is True and receipt["preserved"] == []
