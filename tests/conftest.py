@@ -266,43 +266,33 @@ _LEFTOVER = {}
 
 def read_lines_until(stream, last, timeout=20.0):
     """Lines from a pipe up to and including `last`; fails on EOF or timeout."""
+    return _read_lines(stream, lambda lines: lines[-1] == last,
+                       "no %r within %ss" % (last, timeout), timeout)
+
+
+def read_lines(stream, count, timeout=20.0):
+    """The next `count` lines from a pipe; fails on EOF or timeout."""
+    return _read_lines(stream, lambda lines: len(lines) == count,
+                       "not %d lines within %ss" % (count, timeout), timeout)
+
+
+def _read_lines(stream, done, failure, timeout):
     lines, buf, fd = [], _LEFTOVER.pop(stream, b""), stream.fileno()
     end = time.monotonic() + timeout
     while True:
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             lines.append(line.decode())
-            if line.decode() == last:
+            if done(lines):
                 _LEFTOVER[stream] = buf
                 return lines
         remaining = end - time.monotonic()
         if remaining <= 0:
-            raise AssertionError("no %r within %ss; got %r" % (last, timeout, lines))
+            raise AssertionError("%s; got %r" % (failure, lines))
         if select.select([fd], [], [], remaining)[0]:
             chunk = os.read(fd, 4096)
             if not chunk:
-                raise AssertionError("EOF before %r; got %r" % (last, lines))
-            buf += chunk
-
-
-def read_lines(stream, count, timeout=20.0):
-    """The next `count` lines from a pipe; fails on EOF or timeout."""
-    lines, buf, fd = [], _LEFTOVER.pop(stream, b""), stream.fileno()
-    end = time.monotonic() + timeout
-    while True:
-        while b"\n" in buf and len(lines) < count:
-            line, buf = buf.split(b"\n", 1)
-            lines.append(line.decode())
-        if len(lines) == count:
-            _LEFTOVER[stream] = buf
-            return lines
-        remaining = end - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError("%d lines within %ss; got %r" % (count, timeout, lines))
-        if select.select([fd], [], [], remaining)[0]:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                raise AssertionError("EOF after %r" % (lines,))
+                raise AssertionError("EOF: %s; got %r" % (failure, lines))
             buf += chunk
 
 
