@@ -58,8 +58,10 @@ DEFAULT_CLEANUP_TIMEOUT = 10.0
 # What exec_timeout() adds for start-up, the last pass and receipt I/O.
 EXEC_TIMEOUT_SLACK = 30.0
 # What a run may take beyond timeout + CLEANUP_PHASE_COUNT * cleanup_timeout:
-# the last SIGKILL pass and the confirming look, once the drain's budget is spent.
+# the last SIGKILL pass and the confirming look, once the drain's budget is
+# spent; then the look at the services kept.
 _FINAL_PASS_LIMIT = 1.0
+_FINISH_LIMIT = 0.5
 # The same stop signal again within this is the same request.
 _STOP_BURST = 0.25
 # Passes over our own children that a kill walk makes first (see
@@ -68,9 +70,10 @@ _STOP_PASSES = 8
 # Once the command's zombie hides the others from waitid(), they are reaped
 # by the list of our children, a syscall each: at most this often.
 _REAP_LIST_INTERVAL = 0.01
-# At most this many zombies are reaped in one go before the caller's
-# deadlines are looked at again.
+# At most this many zombies, and for at most this long, are reaped in one go
+# before the caller's deadlines are looked at again.
 _REAP_BATCH = 256
+_REAP_SLICE = 0.005
 # A confirmation tries this many looks before it lets the drain wait; a look
 # that found nothing alive but was disturbed is taken again this soon.
 _CONFIRM_TRIES = 4
@@ -504,19 +507,23 @@ class _ProcFS(object):
             raise SupervisorError("/proc belongs to another PID namespace; mount this one's "
                                   "(unshare --mount-proc, or mount -t proc proc /proc)")
 
-    def read(self, path, one_record=False):
+    def read(self, path, one_record=False, first_page=False, until=None):
         """The bytes of /proc/path, or None when what it describes is gone.
         Read to EOF: a seq_file answers a read with at most a page of whole
         records, so a short read is not the end (a list of 700 children is
         two pages). one_record: a file whose short read is its end (stat,
-        one record; cmdline, no seq_file), read once unless it fills 4 KiB."""
+        one record; cmdline, no seq_file), read once unless it fills 4 KiB.
+        first_page: only what one read gives (a seq_file's first records).
+        until: no page more once it has passed (the caller is out of time)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError as e:
             return self._gone_or_raise(e, path)
         try:
             chunks = [os.read(fd, 4096)]
-            while chunks[-1] and (not one_record or len(chunks[-1]) == 4096):
+            while (not first_page and chunks[-1]
+                   and (not one_record or len(chunks[-1]) == 4096)
+                   and (until is None or _now() < until)):
                 chunks.append(os.read(fd, 65536))
             return b"".join(chunks)
         except OSError as e:
@@ -681,7 +688,8 @@ class _ProcTree(object):
         kill(scope)         freeze and SIGKILL the scope; pins to wait on
         confirm(scope, t)   the observation behind cleanup_confirmed
         pins(procs)         pidfds to wait on, which wake the loop at exit
-        own_children()      for the reaper, which lives outside
+        own_children()      for the reaper, which lives outside (reap: the
+                            hook a long look calls to let it run)
         close()
 
     Why a look finds every process of the run: each one descends from this
@@ -689,7 +697,8 @@ class _ProcTree(object):
     subreaper ancestor, which is us or a subreaper below us). A thread's
     /proc/PID/task/TID/children lists its children exactly, unless a child
     is removed from that list (reaped) while the list is read. A walk reads
-    our own list (we reap nothing while we walk) and the list of each process
+    our own list at once (the reaper may run between visits, never during a
+    read, and a zombie it reaps has no children) and the list of each process
     it visits; a process can only leave a list unread by re-parenting, when
     its parent dies. The walk checks that each process whose list it read was
     still alive after the read, and confirmation takes two walks in a row
@@ -716,12 +725,15 @@ class _ProcTree(object):
         self.kept = set()           # identities of the services kept running
         self.inherited = set()      # identities of the caller's processes
         self.inherited_groups = set()  # their process groups: the caller's jobs
+        self.callers_children = set()  # pids of our children before the command: never reaped
         self.unattributed = {}      # identity -> _Proc adopted in the caller's jobs' groups
         self.recording = False      # from the cleanup on: what each look finds may be ended
         self.ended = {}             # identity -> argv (None past _DRAINED_LIMIT) of those
         self.gone = set()           # identities whose pin showed them exit
         self.pidfds = True          # until the kernel says otherwise
         self.saved_fd_limit = None  # our RLIMIT_NOFILE, while raised
+        self.reap = None            # the run's reaper, for long looks (_reap_when_due)
+        self.next_reap = 0.0
 
     # The seam.
 
@@ -734,13 +746,16 @@ class _ProcTree(object):
     def note_inherited(self):
         """Children we had before the command (a shell's jobs, before its exec),
         their descendants, and whatever is later adopted in their process
-        groups are the caller's: never signalled, never kept. waitid() first,
-        so that the usual case costs no look at all."""
+        groups are the caller's: never signalled, never kept, and our own
+        children among them never reaped (an API caller waits for them; unreaped,
+        each pid stays theirs). waitid() first, so that the usual case costs no
+        look at all."""
         try:
             os.waitid(os.P_ALL, 0, os.WEXITED | os.WSTOPPED | os.WCONTINUED
                       | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return
+        self.callers_children = set(self.own_children())
         walk = self._walk(_RUN, everything=True)
         self.inherited = set(p.identity for p in walk.found)
         self.inherited_groups = set(p.pgid for p in walk.found if p.ppid == self.me)
@@ -750,7 +765,7 @@ class _ProcTree(object):
         since in one of the caller's jobs' groups, which a process of the run
         can join too (or a reused group id can match): then it is
         unattributed, left alone, and it keeps the run from being confirmed."""
-        if proc.identity in self.inherited:
+        if proc.identity in self.inherited or proc.pid in self.callers_children:
             return True
         if proc.pgid in self.inherited_groups and not self._in_group(proc):
             self.unattributed[proc.identity] = proc
@@ -761,21 +776,27 @@ class _ProcTree(object):
         """Our live children outside the command's group, but never the
         command itself (it may have moved to another group)."""
         found = []
-        for pid in self.own_children():
+        for pid in self.own_children(until):
             if until is not None and _now() >= until:
                 break
+            self._reap_when_due()
             proc = self.fs.stat(pid)
             if (proc is not None and proc.live and proc.pgid != self.pgid
                     and pid != self.pid and not self._is_inherited(proc)):
                 found.append(proc)
         return found
 
+    def reapable(self, pid):
+        return pid not in self.callers_children
+
     def keep(self, procs):
         self.kept.update(p.identity for p in procs)
 
-    def live_children(self):
+    def live_children(self, until=None):
         found = []
-        for pid in self.own_children():
+        for pid in self.own_children(until):
+            if until is not None and _now() >= until:
+                break
             proc = self.fs.stat(pid)
             if proc is not None and proc.live:
                 found.append(proc)
@@ -845,22 +866,27 @@ class _ProcTree(object):
         walk always gets its turn. By pid: an unreaped child's pid is its own,
         and a kept service is recognised by its pid (should that pid be
         reused, the process is only left to the walk)."""
-        spared = set(pid for pid, _ in self.kept | self.inherited)
+        spared = set(pid for pid, _ in self.kept | self.inherited) | self.callers_children
         spared.add(self.pid)
         seen = set()
         for _ in range(_STOP_PASSES):
             if _now() >= until:
                 return
-            fresh = [pid for pid in reversed(self.own_children())
+            fresh = [pid for pid in reversed(self.own_children(until))
                      if pid not in seen and pid not in spared]
             if not fresh:
                 return
             seen.update(fresh)
             if self.inherited_groups:  # the caller's jobs are known by group: look first
                 fresh = [pid for pid in fresh if not self._is_inherited(self.fs.stat(pid) or _GONE)]
+            # Thousands of them, each kill() slower for the storm: mind the time.
             for pid in fresh:
+                if _now() >= until:
+                    return
                 _quietly_signal(pid, signal.SIGSTOP)
             for pid in fresh:
+                if _now() >= until:
+                    return
                 _reap_pid(pid)
 
     def confirm(self, scope, until, previous=None):
@@ -901,12 +927,26 @@ class _ProcTree(object):
             raise
         return pins
 
-    def own_children(self):
+    def oldest_children(self):
+        """The first page of our list of children (~600), one read however
+        long the list is. Adoption appends to it, so the processes adopted
+        first, and dead first, are there. A whole list costs a pass over it
+        each page, and under a fork storm every entry waits for the task-list
+        lock: 30,000 zombies took 3 s to list (one page: milliseconds)."""
+        if self.kind == "scan":
+            return self.own_children()
+        data = self.fs.read("%d/task/%d/children" % (self.me, self.me), first_page=True)
+        if data is None:
+            raise ObservationError("cannot read our own children in /proc")
+        return [int(word) for word in data.split()]
+
+    def own_children(self, until=None):
+        """Our children; past `until` perhaps only some (see _ProcFS.read)."""
         if self.kind == "scan":
             return [p.pid for p in self.fs.scan().values() if p.ppid == self.me]
         found = []
         for tid in self.fs.threads_of(self.me):
-            data = self.fs.read("%d/task/%d/children" % (self.me, tid))
+            data = self.fs.read("%d/task/%d/children" % (self.me, tid), until=until)
             if data is None:
                 raise ObservationError("cannot read our own children in /proc")
             found.extend(int(word) for word in data.split())
@@ -923,6 +963,15 @@ class _ProcTree(object):
     def _in_group(self, proc):
         return proc.pgid == self.pgid or proc.pid == self.pid
 
+    def _reap_when_due(self):
+        """A look at a storm takes seconds, and the zombies it makes meanwhile
+        would lengthen every list we read: let the reaper run every
+        _REAP_LIST_INTERVAL."""
+        now = _now()
+        if self.reap is not None and now >= self.next_reap:
+            self.next_reap = now + _REAP_LIST_INTERVAL
+            self.reap()
+
     def _walk(self, scope, sig=None, kill=False, until=None, everything=False, careful=True):
         """One look from this process down (see the class docstring): the live
         processes in scope, parents first. With sig, each of them is proven
@@ -933,9 +982,11 @@ class _ProcTree(object):
         walk = _Walk()
         index = self._scan_index(walk) if self.kind == "scan" else None
         # Items are (parent node, pid) to visit, or (node, None) to leave.
-        stack = [(None, pid) for pid in reversed(self._children_of(None, index))]
+        stack = [(None, pid) for pid in reversed(self._children_of(None, index, until))]
         try:
             while stack:
+                if until is None or _now() < until:
+                    self._reap_when_due()
                 parent, pid = stack.pop()
                 if pid is None:
                     self._leave(parent, kill, walk)
@@ -1057,9 +1108,9 @@ class _ProcTree(object):
             self.pidfds = False
         return fd
 
-    def _children_of(self, node, index):
+    def _children_of(self, node, index, until=None):
         if node is None:
-            return index[0].get(self.me, []) if index is not None else self.own_children()
+            return index[0].get(self.me, []) if index is not None else self.own_children(until)
         proc = node[0]
         if index is not None:
             return index[0].get(proc.pid, [])
@@ -1127,11 +1178,11 @@ def _closed(pin):
 
 
 def _reap_pid(pid):
-    """Reap pid if it is an exited child of ours; nothing otherwise."""
+    """Reap pid if it is an exited child of ours; nothing otherwise. Did it?"""
     try:
-        os.waitpid(pid, os.WNOHANG)
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
     except ChildProcessError:
-        pass
+        return False
 
 
 def _signal_group(fs, pid, pgid, sig):
@@ -1316,10 +1367,18 @@ class _StopFileWatch(object):
         self.resolved = identity
         self.interval = _STOP_FILE_POLL_INTERVAL if blind else _STOP_FILE_SAFETY_INTERVAL
 
+    def retire(self):
+        """The run no longer looks at the stop file: remove the watches now."""
+        if self.fd is not None:
+            self._unwatch()
+            self.resolved = None
+
     def _unwatch(self):
-        """Remove the watches. Closing an inotify fd that still watches waits for
-        the kernel to reap them (up to 16 ms measured); removed early, they are
-        reaped in the background and the close is instant."""
+        """Remove the watches. Closing an inotify fd whose watches were removed
+        less than a millisecond before waits for the kernel to reap them
+        (~14 ms measured, whether or not they were removed); removed early (by
+        retire()), they are reaped in the background and the close is
+        instant."""
         for wd in self.watched:
             try:
                 _libc().call("inotify_rm_watch", self.fd, wd)
@@ -1608,7 +1667,12 @@ def _act_on_signals(run):
             child_exited = True
         else:
             _SIGNAL_ACTIONS[run.state][_signal_kind(sig)](run, sig, when)
-    if child_exited or (run.reap_pending and _now() >= run.next_list_reap):
+    # While a list reap is pending, the zombie that made it so still hides the
+    # others from waitid(): a SIGCHLD (a storm sends thousands) changes nothing.
+    if run.reap_pending:
+        if _now() >= run.next_list_reap:
+            _reap_exited(run)
+    elif child_exited:
         _reap_exited(run)
 
 
@@ -1667,35 +1731,37 @@ def _reap_exited(run):
     """The one reaper: every exited child of ours, but the command until done
     (its zombie keeps its pid, and so its group id, from being reused while
     the group is signalled). Runs whenever SIGCHLD wakes a wait, in every
-    state, so zombies never pile up. A call reaps at most _REAP_BATCH: a storm
+    state, so zombies never pile up. A call reaps at most _REAP_BATCH (or a
+    page of the list of our children, see below): a storm
     can make zombies faster than a starved supervisor reaps them, and the
     caller's deadlines must be looked at in between; _wait() comes straight
     back for the rest."""
+    run.reap_pending = False  # until this call finds that more is to be done
+    end = _now() + _REAP_SLICE
     for _ in range(_REAP_BATCH):
+        if _now() >= end:
+            break
         try:
             info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return
         if info is None:
             return
-        if info.si_pid != run.pid or run.reaped:
+        if (info.si_pid != run.pid or run.reaped) and run.tree.reapable(info.si_pid):
             _reap_pid(info.si_pid)
             continue
-        # The command's zombie is the one waitid() shows, and it hides the
-        # others behind it: reap them by pid, from the list of our children.
-        # That costs a syscall a child, so at most every _REAP_LIST_INTERVAL;
-        # _wait() wakes up for the next one.
+        # The command's zombie (or the caller's) is the one waitid() shows, and
+        # it hides the others behind it: reap them by pid, from the oldest of
+        # our children, where those that died first are. That costs a syscall
+        # a child, so at most every _REAP_LIST_INTERVAL while it finds some;
+        # _wait() wakes up for the next round.
         now = _now()
         if now < run.next_list_reap:
             run.reap_pending = True
             return
-        run.next_list_reap, run.reap_pending = now + _REAP_LIST_INTERVAL, False
-        children = run.tree.own_children()
-        for pid in children[:_REAP_BATCH]:
-            if pid != run.pid:
-                _reap_pid(pid)
-        if len(children) > _REAP_BATCH:  # more behind: right after a look at the clock
-            run.reap_pending, run.next_list_reap = True, now
+        reaped = [pid for pid in run.tree.oldest_children()
+                  if pid != run.pid and run.tree.reapable(pid) and _reap_pid(pid)]
+        run.next_list_reap, run.reap_pending = now + _REAP_LIST_INTERVAL, bool(reaped)
         return
     run.reap_pending, run.next_list_reap = True, _now()  # more to reap: right after a look
 
@@ -1812,6 +1878,7 @@ def _prepare(run):
         if os.getppid() != parent:
             run.catcher.pending.append((signal.SIGTERM, _now()))
     run.tree.note_inherited()
+    run.tree.reap = lambda: _reap_exited(run)
     if run.plan.stop_path is not None:
         run.watch = _StopFileWatch(run.plan.stop_path)
 
@@ -2028,9 +2095,19 @@ def _take_the_cpu(run):
         run.saved_priority = (nice, group_nice, group_fd)
         os.setpriority(os.PRIO_PROCESS, 0, -20)
         if group_fd is not None:
-            os.pwrite(group_fd, b"-20", 0)
+            os.write(group_fd, b"-20")  # the file cannot seek: pwrite() is ESPIPE
     except (OSError, ValueError):
         pass
+
+
+def _set_autogroup_nice(fd, nice):
+    """Without CAP_SYS_ADMIN the kernel takes one autogroup change per 100 ms
+    on the whole host (EAGAIN otherwise): then wait for the next."""
+    try:
+        os.write(fd, str(nice).encode())
+    except BlockingIOError:
+        time.sleep(0.1)
+        os.write(fd, str(nice).encode())
 
 
 def _give_back_the_cpu(run):
@@ -2042,7 +2119,7 @@ def _give_back_the_cpu(run):
     nice, group_nice, group_fd = saved
     try:
         if group_fd is not None:
-            os.pwrite(group_fd, str(group_nice).encode(), 0)
+            _set_autogroup_nice(group_fd, group_nice)
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except (OSError, ValueError):
         pass
@@ -2184,11 +2261,11 @@ def _drain_strays(run):
     tree = run.tree
     until = _now() + _FINAL_PASS_LIMIT
     while not run.survivors and run.stable:
-        strays = [p for p in tree.detached() if p.identity not in tree.kept]
-        if not strays:
+        strays = [p for p in tree.detached(until) if p.identity not in tree.kept]
+        if _now() >= until:  # out of time, perhaps before the look was whole
+            run.survivors, run.stable = strays, False
             return
-        if _now() >= until:
-            run.survivors = strays
+        if not strays:
             return
         walk = tree.kill(_RUN, until)
         try:
@@ -2210,11 +2287,13 @@ def _finish(run):
         else:
             os.waitid(os.P_PID, run.pid, os.WEXITED)
             run.reaped = True
+    run.next_list_reap = 0  # the last reap: a zombie of the caller's hides none of ours
     _reap_exited(run)
     tree = run.tree
     forced = run.stop_reason is not None
+    until = _now() + _FINISH_LIMIT
     if not run.plan.drain_all:
-        run.preserved = [p for p in tree.detached()
+        run.preserved = [p for p in tree.detached(until)
                          if not forced or p.identity in tree.kept]
     # The services were free to run since the confirming look: one that died
     # meanwhile handed its children to us, and one could have put a process
@@ -2222,9 +2301,11 @@ def _finish(run):
     # command, a service kept above, nor the caller's, is the run's, alive.
     if not run.survivors and run.stable:
         kept = set(p.identity for p in run.preserved)
-        run.survivors = [p for p in tree.live_children()
+        run.survivors = [p for p in tree.live_children(until)
                          if p.pid != run.pid and p.identity not in kept
                          and not tree.is_callers(p)]
+    if _now() >= until:  # a look cut short claims nothing
+        run.stable = False
     run.unattributed = [p for p in tree.unattributed.values() if tree.alive(p)]
 
 
@@ -2694,6 +2775,8 @@ def _execute(run):
 def _supervise_started(run):
     try:
         _run_until_stop(run)
+        if run.watch is not None:
+            run.watch.retire()  # now, so that closing it at exit costs nothing
         if run.report.failure:
             _note_exec_failure(run)
             _enter(run, "done")

@@ -41,6 +41,8 @@ How each row is measured
       Both P3 and P4 see the SIGTERM when it is delivered, i.e. after the
       supervisor's SIGCONT (it stops the group, scans /proc, then sends
       SIGTERM and SIGCONT): the latency includes that scan.
+  P4b info: the same runs, stop file -> the supervisor's exit (the helper
+      exits at its SIGTERM): what a controller waiting for the exit waits.
   P5  idle CPU: ~30 supervisors `--timeout 600 --stop-file F -- sleep 60` and
       as many `PY -c "import time; time.sleep(60)"` run at once; after they
       settle, schedstat is sampled at t0 and t0+10 s, scaled to a minute.
@@ -629,8 +631,9 @@ class Bench(object):
                                               "supervisor's wait returned, by its monotonic clock"})
 
     def stop_file_latencies(self, count, context):
-        """count stop-file runs (after a warm-up); latencies in ms."""
-        latencies = []
+        """count stop-file runs (after a warm-up): ms from the stop file to the
+        first SIGTERM, and ms from the stop file to the supervisor's exit."""
+        latencies, exits = [], []
         for i in range(count + 1):
             stamp = os.path.join(self.out, "p4-%d" % i)
             stop = os.path.join(self.stops, "p4-stop")
@@ -646,6 +649,7 @@ class Bench(object):
                 created = time.monotonic()
                 os.close(os.open(stop, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
                 os.waitpid(pid, 0)
+                exited = time.monotonic()
             finally:
                 os.close(read_end)
                 if write_end is not None:
@@ -660,12 +664,13 @@ class Bench(object):
             os.unlink(stamp)
             if i:
                 latencies.append((float(arrival.split()[1]) - created) * 1000)
-        return latencies
+                exits.append((exited - created) * 1000)
+        return latencies, exits
 
     def p4_stop_file(self):
         progress("P4 stop file -> SIGTERM")
         fstype = filesystem_of(self.stops)
-        latencies = self.stop_file_latencies(self.pairs, "P4")
+        latencies, exits = self.stop_file_latencies(self.pairs, "P4")
         local = fstype not in ("nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "fuse", "afs") \
             and not fstype.startswith("fuse")
         limit = 5.0 if local else 100.0
@@ -674,6 +679,9 @@ class Bench(object):
                      yard_median=0.0, extra={"filesystem": fstype, "stop_dir": self.stops,
                                              "yardstick_note": "the stop file's creation time"})
         self.results["P4"] = median(latencies)
+        self.add_row("P4b", "stop file -> supervisor exit (the helper exits at SIGTERM)", exits,
+                     "ms", "info", None, yard_median=0.0,
+                     extra={"yardstick_note": "the stop file's creation time"})
 
     # P5 / P9 idle ------------------------------------------------------------------------------
 
@@ -926,7 +934,7 @@ class Bench(object):
                          extra={"wall_ms": [round(w, 4) for w in walls], "wall_ms_median": median(walls),
                                 "host_processes": processes})
             progress("P9c stop file latency with %d processes" % processes)
-            latencies = self.stop_file_latencies(max(5, self.pairs // 3), "P9c")
+            latencies, _ = self.stop_file_latencies(max(5, self.pairs // 3), "P9c")
             self.add_row("P9c", "stop file -> SIGTERM with %d processes (info)" % processes,
                          latencies, "ms", "info (P4: <= 5 ms)", None,
                          yard_median=self.results["P4"], diff_text="vs quiet P4",

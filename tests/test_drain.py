@@ -132,11 +132,13 @@ def zombie_children(pid):
 
 
 def supervisor_below(pid):
-    """The supervisor's pid among pid and its descendants (as the host sees it)."""
+    """The supervisor's pid among pid and its descendants (as the host sees
+    it): `PY supervisor.py ...`, not unshare or ns_init.py, whose arguments
+    name it too."""
     for candidate in [pid] + descendants(pid):
         try:
             with open("/proc/%d/cmdline" % candidate, "rb") as f:
-                if SUPERVISOR.encode() in f.read().split(b"\0"):
+                if f.read().split(b"\0")[1:2] == [SUPERVISOR.encode()]:
                     return candidate
         except OSError:
             pass
@@ -164,6 +166,62 @@ def test_zombies_never_pile_up_during_the_grace(paths):
     assert receipt["cleanup_confirmed"] is True
     assert receipt["ladder"][0]["duration_s"] >= 1.9  # the flood ran through the grace
     assert supervisor is not None and peak <= 100, peak
+    assert left_in_namespace(out) == []
+
+
+def own_cpu_seconds(pid):
+    """utime + stime of pid itself (not of its children), or None when gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
+
+
+BATCH_OF_ZOMBIES = r"""
+import os, signal, sys, time
+if os.fork() == 0:  # in a session of its own; its 300 children are adopted, then exit together
+    os.setsid()
+    end = time.time() + 0.7
+    for _ in range(300):
+        if os.fork() == 0:
+            time.sleep(max(0.0, end - time.time()))
+            os._exit(0)
+    os._exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the grace lasts
+print("READY", flush=True)
+while True:
+    signal.pause()
+"""
+
+
+def test_more_zombies_than_one_reaping_takes_do_not_make_the_grace_spin(paths):
+    """300 adopted processes exit during the grace while the supervisor is
+    stopped: more than one call reaps (256). The call after the rest used to
+    leave "more to reap" set with nothing left, and the loop spun through
+    the grace at 100 % CPU."""
+    argv = supervisor_cmd(*paths.options(timeout=0.3, cleanup=2) + [
+        "--", PY, "-c", BATCH_OF_ZOMBIES])
+    proc = subprocess.Popen(in_own_pid_namespace(argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    read_lines_until(proc.stdout, "READY")
+    supervisor = supervisor_below(proc.pid)
+    assert supervisor is not None
+    time.sleep(0.4)  # the grace began
+    os.kill(supervisor, signal.SIGSTOP)  # while it cannot reap, all 300 exit
+    time.sleep(0.8)
+    os.kill(supervisor, signal.SIGCONT)
+    cpu = 0.0
+    while proc.poll() is None:
+        cpu = max(cpu, own_cpu_seconds(supervisor) or 0.0)
+        time.sleep(0.02)
+    status, out, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["exit_status"] == 124 and receipt["cleanup_confirmed"] is True, err
+    assert receipt["ladder"][0]["duration_s"] >= 1.9  # the whole grace was waited for
+    assert cpu < 0.5, cpu  # and not by spinning
     assert left_in_namespace(out) == []
 
 
@@ -205,17 +263,46 @@ def test_a_storm_that_forks_twice_as_fast_is_drained_too(paths):
     assert left_in_namespace(result.stdout) == []
 
 
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: a PID namespace, and CAP_SYS_NICE to drop")
+def test_a_supervisor_that_cannot_take_the_cpu_still_keeps_the_bound(paths):
+    """Without CAP_SYS_NICE the faster storm can outrun the drain: the run
+    must still end within the bound, and claim no more than it saw. (It used
+    to take 12-38 s: zombies piled up while it walked, and each list of
+    30,000 of them took seconds to read.)"""
+    argv = ["setpriv", "--bounding-set", "-sys_nice", "--inh-caps", "-sys_nice"] + supervisor_cmd(
+        *paths.options(timeout=1, cleanup=2) + [
+            "--", PY, "-I", "-S", RESPAWNER[1], "tree", "8", "0.002", "4000"])
+    result = subprocess.run(in_own_pid_namespace(argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["exit_status"] in (124, 125), result.stderr
+    assert receipt["duration_s"] <= 1 + 3 * 2 + 2, receipt["ladder"]
+    if receipt["cleanup_confirmed"]:
+        assert left_in_namespace(result.stdout) == []
+    else:
+        assert receipt["exit_status"] == 125
+
+
 @pytest.mark.skipif(not IS_ROOT or not os.path.exists("/proc/self/autogroup"),
                     reason="needs root and autogroups")
-def test_the_cpu_priority_taken_for_a_stop_is_given_back(paths):
-    """The priority of the session's autogroup outlives the supervisor: the
-    caller's shell must find it as it was."""
-    inner = " ".join(supervisor_cmd(*paths.options(timeout=0.2, cleanup=1) + ["--", "sleep", "5"]))
+def test_the_cpu_priority_taken_for_a_stop_is_given_back(paths, tmp_path):
+    """A forced stop runs at the highest priority, its own and its session's
+    autogroup's (the command sees it at its SIGTERM: it used to be written
+    with pwrite(), which that file refuses, so the autogroup stayed at 0).
+    That priority outlives the supervisor: the caller's shell must find it as
+    it was."""
+    seen, command = tmp_path / "priority-at-sigterm", tmp_path / "command.sh"
+    command.write_text("trap 'cat /proc/$PPID/autogroup > %s; cut -d\" \" -f19 /proc/$PPID/stat"
+                       " >> %s; exit 0' TERM\nsleep 5 & wait\n" % (seen, seen))
+    inner = " ".join(supervisor_cmd(*paths.options(timeout=0.2, cleanup=1) + [
+        "--", "sh", str(command)]))
     script = "cat /proc/self/autogroup; %s; cat /proc/self/autogroup; nice" % inner
     result = subprocess.run(["setsid", "-w", "sh", "-c", script], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
     before, after, nice = result.stdout.splitlines()
     assert before.split()[-1] == after.split()[-1] == "0" and nice == "0", result.stdout
+    during_autogroup, during_nice = seen.read_text().splitlines()
+    assert during_autogroup.split()[-1] == "-20" and during_nice == "-20", seen.read_text()
     assert read_receipt(paths.receipt)["stop_reason"] == "timeout"
 
 

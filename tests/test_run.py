@@ -525,3 +525,17 @@ def test_api_cleanup_receipt_type():
             "print(sys.version_info >= (3, 8) and t.__annotations__['cleanup_confirmed'] is bool"
             " or t is dict)\n")
     assert run_python(code).strip() == "True"
+
+
+def test_api_leaves_the_callers_children_for_the_caller_to_wait_for():
+    """supervise() reaps what its run leaves, never the caller's own children:
+    one already exited before the run, one exiting during it. Their exit
+    statuses are the caller's (Popen.wait() reads 0 for a child reaped behind
+    its back)."""
+    code = ("import subprocess, time, supervisor as s\n"
+            "early = subprocess.Popen(['sh', '-c', 'exit 7'])\n"
+            "time.sleep(0.2)  # a zombie before the run starts\n"
+            "late = subprocess.Popen(['sh', '-c', 'sleep 0.3; exit 9'])\n"
+            "r = s.supervise(['sh', '-c', 'sleep 30 & sleep 0.8'], 30, 2)\n"
+            "print(early.wait(), late.wait(), r['cleanup_confirmed'], r['preserved'])\n")
+    assert run_python(code).split() == ["7", "9", "True", "[]"]
