@@ -154,6 +154,9 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _PROC_SUPER_MAGIC = 0x9FA0
 _CAP_SETGID, _CAP_SETUID, _CAP_SYS_PTRACE, _CAP_SYS_NICE = 6, 7, 19, 23
+# The autogroup priority a cleanup takes: its session's, shared with every
+# supervisor in that session, so this value also marks it as taken by one.
+_CLEANUP_AUTOGROUP_NICE = -19
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 # The generic syscall table numbers them alike on every architecture but alpha.
@@ -781,8 +784,11 @@ class _ProcTree(object):
                 break
             self._reap_when_due()
             proc = self.fs.stat(pid)
-            if (proc is not None and proc.live and proc.pgid != self.pgid
-                    and pid != self.pid and not self._is_inherited(proc)):
+            # Still our child: the reaper may have run since the list was
+            # read, and a pid it freed can be another process's by now.
+            if (proc is not None and proc.live and proc.ppid == self.me
+                    and proc.pgid != self.pgid and pid != self.pid
+                    and not self._is_inherited(proc)):
                 found.append(proc)
         return found
 
@@ -798,7 +804,7 @@ class _ProcTree(object):
             if until is not None and _now() >= until:
                 break
             proc = self.fs.stat(pid)
-            if proc is not None and proc.live:
+            if proc is not None and proc.live and proc.ppid == self.me:
                 found.append(proc)
         return found
 
@@ -1759,8 +1765,12 @@ def _reap_exited(run):
         if now < run.next_list_reap:
             run.reap_pending = True
             return
-        reaped = [pid for pid in run.tree.oldest_children()
+        oldest = run.tree.oldest_children()
+        reaped = [pid for pid in oldest
                   if pid != run.pid and run.tree.reapable(pid) and _reap_pid(pid)]
+        if not reaped and len(oldest) > _REAP_BATCH:  # a page of live ones: look past it
+            reaped = [pid for pid in run.tree.own_children(_now() + _REAP_SLICE)[len(oldest):]
+                      if pid != run.pid and run.tree.reapable(pid) and _reap_pid(pid)]
         run.next_list_reap, run.reap_pending = now + _REAP_LIST_INTERVAL, bool(reaped)
         return
     run.reap_pending, run.next_list_reap = True, _now()  # more to reap: right after a look
@@ -2086,16 +2096,23 @@ def _take_the_cpu(run):
     runs, and a tree that keeps forking in sessions of its own gets as much
     as we do per session (autogroups) or per task (cgroups): enough to
     starve the drain. Where we may (CAP_SYS_NICE), the cleanup runs at the
-    highest priority, given back once the run is done. Best effort."""
+    highest priority, given back once the run is done. Best effort.
+
+    The session's autogroup is shared: another supervisor of the session
+    (nested, or running beside us) may have taken it already, and its value
+    then is not one to give back. Found at _CLEANUP_AUTOGROUP_NICE, it is
+    left to that supervisor, which gives it back when it is done."""
     if not _has_capability(_CAP_SYS_NICE, run.fs):
         return
     try:
         nice, group_nice = os.getpriority(os.PRIO_PROCESS, 0), run.fs.autogroup_nice()
-        group_fd = run.fs.open_autogroup() if group_nice is not None else None
+        taken = group_nice is not None and group_nice != _CLEANUP_AUTOGROUP_NICE
+        group_fd = run.fs.open_autogroup() if taken else None
         run.saved_priority = (nice, group_nice, group_fd)
         os.setpriority(os.PRIO_PROCESS, 0, -20)
         if group_fd is not None:
-            os.write(group_fd, b"-20")  # the file cannot seek: pwrite() is ESPIPE
+            # The file cannot seek: pwrite() is ESPIPE.
+            os.write(group_fd, str(_CLEANUP_AUTOGROUP_NICE).encode())
     except (OSError, ValueError):
         pass
 
@@ -2120,12 +2137,15 @@ def _give_back_the_cpu(run):
     try:
         if group_fd is not None:
             _set_autogroup_nice(group_fd, group_nice)
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
     except (OSError, ValueError):
         pass
     finally:
         if group_fd is not None:
             os.close(group_fd)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except (OSError, ValueError):
+        pass
 
 
 def _stop_forced(run):

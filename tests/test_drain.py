@@ -169,6 +169,31 @@ def test_zombies_never_pile_up_during_the_grace(paths):
     assert left_in_namespace(out) == []
 
 
+def test_zombies_behind_a_page_of_live_services_are_reaped_too(paths):
+    """A zombie of the caller's (never ours to reap) hides the others from
+    waitid() for the whole run, so they are reaped by pid from the list of
+    our children. 1,100 live services fill its first page (a page is ~4 KiB:
+    ~1,000 pids in a PID namespace of its own); the 50 adopted after them
+    exit at once, and used to stay zombies until the drain."""
+    script = ("(for i in $(seq 1100); do setsid sleep 30 & done; "
+              "for i in $(seq 50); do setsid sleep 1 & done); echo READY; sleep 30")
+    inner = " ".join(supervisor_cmd(*paths.options(timeout=4, cleanup=2) + [
+        "--drain-all", "--", "sh", "-c", "'%s'" % script]))
+    argv = ["sh", "-c", "sleep 0.1 & exec " + inner]  # the caller's child, which exits at once
+    proc = subprocess.Popen(in_own_pid_namespace(argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    read_lines_until(proc.stdout, "READY", timeout=30)
+    supervisor = supervisor_below(proc.pid)
+    assert supervisor is not None
+    time.sleep(2.0)  # the 50 have exited by now
+    zombies = zombie_children(supervisor)
+    status, out, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["cleanup_confirmed"] is True and receipt["drained_count"] >= 1100, err
+    assert zombies <= 5, zombies  # the caller's sleep, and a moment's worth
+    assert left_in_namespace(out) == []
+
+
 def own_cpu_seconds(pid):
     """utime + stime of pid itself (not of its children), or None when gone."""
     try:
@@ -286,8 +311,9 @@ def test_a_supervisor_that_cannot_take_the_cpu_still_keeps_the_bound(paths):
 @pytest.mark.skipif(not IS_ROOT or not os.path.exists("/proc/self/autogroup"),
                     reason="needs root and autogroups")
 def test_the_cpu_priority_taken_for_a_stop_is_given_back(paths, tmp_path):
-    """A forced stop runs at the highest priority, its own and its session's
-    autogroup's (the command sees it at its SIGTERM: it used to be written
+    """A forced stop runs at the highest priority, its own (-20) and its
+    session's autogroup's (-19, which marks it as a cleanup's; the command
+    sees both at its SIGTERM: it used to be written
     with pwrite(), which that file refuses, so the autogroup stayed at 0).
     That priority outlives the supervisor: the caller's shell must find it as
     it was."""
@@ -302,8 +328,27 @@ def test_the_cpu_priority_taken_for_a_stop_is_given_back(paths, tmp_path):
     before, after, nice = result.stdout.splitlines()
     assert before.split()[-1] == after.split()[-1] == "0" and nice == "0", result.stdout
     during_autogroup, during_nice = seen.read_text().splitlines()
-    assert during_autogroup.split()[-1] == "-20" and during_nice == "-20", seen.read_text()
+    assert during_autogroup.split()[-1] == "-19" and during_nice == "-20", seen.read_text()
     assert read_receipt(paths.receipt)["stop_reason"] == "timeout"
+
+
+@pytest.mark.skipif(not IS_ROOT or not os.path.exists("/proc/self/autogroup"),
+                    reason="needs root and autogroups")
+def test_overlapping_stops_in_one_session_give_the_autogroup_back(paths, tmp_path):
+    """Two supervisors of one session share its autogroup: the second must
+    not take the first one's raised priority for the one to give back, or the
+    session stays at it once both are done."""
+    def supervisor(timeout, receipt):
+        return " ".join(supervisor_cmd(
+            "--timeout", timeout, "--cleanup-timeout", 1, "--workdir", paths.work,
+            "--receipt", receipt, "--", "sh", "-c", "\"trap '' TERM; sleep 5\""))
+    script = "%s & %s; wait; cat /proc/self/autogroup" % (
+        supervisor(0.5, paths.receipt), supervisor(1, tmp_path / "second" / "receipt.json"))
+    result = subprocess.run(["setsid", "-w", "sh", "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    assert result.stdout.split()[-1] == "0", result.stdout + result.stderr
+    for receipt in (paths.receipt, tmp_path / "second" / "receipt.json"):
+        assert read_receipt(receipt)["stop_reason"] == "timeout"
 
 
 # --- Walk the run's tree, or scan: both ways find the same processes ---------------------------------
