@@ -80,14 +80,22 @@ def other_python(request):
 
 # --- /proc ------------------------------------------------------------------------------
 
-def proc_stat(pid):
-    """(state, ppid, pgid, sid, start) of pid, or None when it is gone."""
+def stat_fields(pid):
+    """The fields of /proc/PID/stat after the command name (the state is
+    [0]), or None when pid is gone."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             data = f.read()
     except OSError:
         return None
-    fields = data[data.rindex(b")") + 2:].split()
+    return data[data.rindex(b")") + 2:].split()
+
+
+def proc_stat(pid):
+    """(state, ppid, pgid, sid, start) of pid, or None when it is gone."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
     return (fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
 
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import (
     HELPERS, IS_ROOT, PY, SUPERVISOR, alive, descendants, finish, kill_all, proc_stat,
     read_lines_until, read_receipt, run_supervisor, start_supervisor, start_tree,
-    supervisor_cmd, wait_until,
+    stat_fields, supervisor_cmd, wait_until,
 )
 
 RESPAWNER = [PY, os.path.join(HELPERS, "respawner.py")]
@@ -196,12 +196,9 @@ def test_zombies_behind_a_page_of_live_services_are_reaped_too(paths):
 
 def own_cpu_seconds(pid):
     """utime + stime of pid itself (not of its children), or None when gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read()
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None:
         return None
-    fields = data[data.rindex(b")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
 
 
