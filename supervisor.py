@@ -416,6 +416,15 @@ def _os_error_text(e, call=None):
     return "%s (%s)" % (text, hint) if hint else text
 
 
+def _acquire(call, make):
+    """make() (a fork, a pipe): a limit that ran out is one line naming the
+    call and the limit, never an internal error."""
+    try:
+        return make()
+    except OSError as e:
+        raise SupervisorError("%s: %s" % (call, _os_error_text(e, call)))
+
+
 # --- /proc ------------------------------------------------------------------------------
 
 class _Proc(object):
@@ -510,14 +519,14 @@ class _ProcFS(object):
             raise SupervisorError("/proc belongs to another PID namespace; mount this one's "
                                   "(unshare --mount-proc, or mount -t proc proc /proc)")
 
-    def read(self, path, one_record=False, first_page=False, until=None):
+    def read(self, path, one_record=False, first_page=False, endtime=None):
         """The bytes of /proc/path, or None when what it describes is gone.
         Read to EOF: a seq_file answers a read with at most a page of whole
         records, so a short read is not the end (a list of 700 children is
         two pages). one_record: a file whose short read is its end (stat,
         one record; cmdline, no seq_file), read once unless it fills 4 KiB.
         first_page: only what one read gives (a seq_file's first records).
-        until: no page more once it has passed (the caller is out of time)."""
+        endtime: no page more once it has passed (the caller is out of time)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError as e:
@@ -526,7 +535,7 @@ class _ProcFS(object):
             chunks = [os.read(fd, 4096)]
             while (not first_page and chunks[-1]
                    and (not one_record or len(chunks[-1]) == 4096)
-                   and (until is None or _now() < until)):
+                   and (endtime is None or _now() < endtime)):
                 chunks.append(os.read(fd, 65536))
             return b"".join(chunks)
         except OSError as e:
@@ -763,7 +772,7 @@ class _ProcTree(object):
         self.inherited = set(p.identity for p in walk.found)
         self.inherited_groups = set(p.pgid for p in walk.found if p.ppid == self.me)
 
-    def _is_inherited(self, proc):
+    def is_inherited(self, proc):
         """For our own children: the caller's (known at start), or adopted
         since in one of the caller's jobs' groups, which a process of the run
         can join too (or a reused group id can match): then it is
@@ -775,12 +784,12 @@ class _ProcTree(object):
             return True
         return False
 
-    def detached(self, until=None):
+    def detached(self, endtime=None):
         """Our live children outside the command's group, but never the
         command itself (it may have moved to another group)."""
         found = []
-        for pid in self.own_children(until):
-            if until is not None and _now() >= until:
+        for pid in self.own_children(endtime):
+            if endtime is not None and _now() >= endtime:
                 break
             self._reap_when_due()
             proc = self.fs.stat(pid)
@@ -788,7 +797,7 @@ class _ProcTree(object):
             # read, and a pid it freed can be another process's by now.
             if (proc is not None and proc.live and proc.ppid == self.me
                     and proc.pgid != self.pgid and pid != self.pid
-                    and not self._is_inherited(proc)):
+                    and not self.is_inherited(proc)):
                 found.append(proc)
         return found
 
@@ -798,18 +807,15 @@ class _ProcTree(object):
     def keep(self, procs):
         self.kept.update(p.identity for p in procs)
 
-    def live_children(self, until=None):
+    def live_children(self, endtime=None):
         found = []
-        for pid in self.own_children(until):
-            if until is not None and _now() >= until:
+        for pid in self.own_children(endtime):
+            if endtime is not None and _now() >= endtime:
                 break
             proc = self.fs.stat(pid)
             if proc is not None and proc.live and proc.ppid == self.me:
                 found.append(proc)
         return found
-
-    def is_callers(self, proc):
-        return self._is_inherited(proc)
 
     def begin_cleanup(self):
         """From now on, every live process a look finds in scope is one the
@@ -835,19 +841,19 @@ class _ProcTree(object):
     def note_gone(self, proc):
         self.gone.add(proc.identity)
 
-    def members(self, scope, until=None):
+    def members(self, scope, endtime=None):
         """Live processes in scope, for waiting on and for the record: a look
         whose stability nobody uses, so it skips the checks that give it."""
-        return self._walk(scope, until=until, careful=False).found
+        return self._walk(scope, endtime=endtime, careful=False).found
 
-    def signal(self, scope, sig, until=None):
+    def signal(self, scope, sig, endtime=None):
         """Signal the group (and the command if it left the group), and in the
         run's scope every other process that is provably ours."""
         _signal_group(self.fs, self.pid, self.pgid, sig)
         if scope == _RUN:
-            _close_pins(self._walk(_RUN, sig=sig, careful=False, until=until).pins)
+            _close_pins(self._walk(_RUN, sig=sig, careful=False, endtime=endtime).pins)
 
-    def kill(self, scope, until):
+    def kill(self, scope, endtime):
         """SIGKILL the scope. The walk freezes each process as it finds it
         (SIGSTOP: none forks while the walk reads on) and kills it once its
         children are done, children before parents, so that only the path
@@ -855,12 +861,12 @@ class _ProcTree(object):
         and the caller closes them."""
         _signal_group(self.fs, self.pid, self.pgid, signal.SIGSTOP)
         if scope == _RUN:
-            self._stop_own_children(until)
-        walk = self._walk(scope, sig=signal.SIGSTOP, kill=True, until=until)
+            self._stop_own_children(endtime)
+        walk = self._walk(scope, sig=signal.SIGSTOP, kill=True, endtime=endtime)
         _signal_group(self.fs, self.pid, self.pgid, signal.SIGKILL)
         return walk
 
-    def _stop_own_children(self, until):
+    def _stop_own_children(self, endtime):
         """SIGSTOP every child of ours that is not a kept service or the
         caller's, before the walk looks at anything, then reap the zombies
         among them. Orphans of a tree that keeps forking are adopted by us,
@@ -876,26 +882,26 @@ class _ProcTree(object):
         spared.add(self.pid)
         seen = set()
         for _ in range(_STOP_PASSES):
-            if _now() >= until:
+            if _now() >= endtime:
                 return
-            fresh = [pid for pid in reversed(self.own_children(until))
+            fresh = [pid for pid in reversed(self.own_children(endtime))
                      if pid not in seen and pid not in spared]
             if not fresh:
                 return
             seen.update(fresh)
             if self.inherited_groups:  # the caller's jobs are known by group: look first
-                fresh = [pid for pid in fresh if not self._is_inherited(self.fs.stat(pid) or _GONE)]
+                fresh = [pid for pid in fresh if not self.is_inherited(self.fs.stat(pid) or _GONE)]
             # Thousands of them, each kill() slower for the storm: mind the time.
             for pid in fresh:
-                if _now() >= until:
+                if _now() >= endtime:
                     return
                 _quietly_signal(pid, signal.SIGSTOP)
             for pid in fresh:
-                if _now() >= until:
+                if _now() >= endtime:
                     return
                 _reap_pid(pid)
 
-    def confirm(self, scope, until, previous=None):
+    def confirm(self, scope, endtime, previous=None):
         """The observation behind cleanup_confirmed: ([], True) once two looks
         in a row found nothing alive in scope, each undisturbed, and saw the
         same processes (a process that died during the first look handed its
@@ -903,12 +909,12 @@ class _ProcTree(object):
         processes found, or ([], False) when the looks kept being disturbed
         (a few tries: the caller waits before it asks again) or time ran out."""
         for _ in range(_CONFIRM_TRIES):
-            walk = self._walk(scope, until=until)
+            walk = self._walk(scope, endtime=endtime)
             if walk.found:
                 return walk.found, walk.stable
             if walk.stable and previous is not None and walk.seen == previous.seen:
                 return [], True
-            if _now() >= until:
+            if _now() >= endtime:
                 break
             previous = walk if walk.stable else None
         return [], False
@@ -946,13 +952,13 @@ class _ProcTree(object):
             raise ObservationError("cannot read our own children in /proc")
         return [int(word) for word in data.split()]
 
-    def own_children(self, until=None):
-        """Our children; past `until` perhaps only some (see _ProcFS.read)."""
+    def own_children(self, endtime=None):
+        """Our children; past `endtime` perhaps only some (see _ProcFS.read)."""
         if self.kind == "scan":
             return [p.pid for p in self.fs.scan().values() if p.ppid == self.me]
         found = []
         for tid in self.fs.threads_of(self.me):
-            data = self.fs.read("%d/task/%d/children" % (self.me, tid), until=until)
+            data = self.fs.read("%d/task/%d/children" % (self.me, tid), endtime=endtime)
             if data is None:
                 raise ObservationError("cannot read our own children in /proc")
             found.extend(int(word) for word in data.split())
@@ -978,7 +984,7 @@ class _ProcTree(object):
             self.next_reap = now + _REAP_LIST_INTERVAL
             self.reap()
 
-    def _walk(self, scope, sig=None, kill=False, until=None, everything=False, careful=True):
+    def _walk(self, scope, sig=None, kill=False, endtime=None, everything=False, careful=True):
         """One look from this process down (see the class docstring): the live
         processes in scope, parents first. With sig, each of them is proven
         and pinned, and those outside the group are sent sig as they are
@@ -988,15 +994,15 @@ class _ProcTree(object):
         walk = _Walk()
         index = self._scan_index(walk) if self.kind == "scan" else None
         # Items are (parent node, pid) to visit, or (node, None) to leave.
-        stack = [(None, pid) for pid in reversed(self._children_of(None, index, until))]
+        stack = [(None, pid) for pid in reversed(self._children_of(None, index, endtime))]
         try:
             while stack:
-                if until is None or _now() < until:
+                if endtime is None or _now() < endtime:
                     self._reap_when_due()
                 parent, pid = stack.pop()
                 if pid is None:
                     self._leave(parent, kill, walk)
-                elif until is not None and _now() >= until:
+                elif endtime is not None and _now() >= endtime:
                     walk.stable = False  # out of time: the look is partial
                 else:
                     node = self._visit(parent, pid, scope, sig, walk, index, everything)
@@ -1047,7 +1053,7 @@ class _ProcTree(object):
                 walk.stable = False
             return _closed(pin)
         if parent is None and not everything:
-            if self._is_inherited(proc):
+            if self.is_inherited(proc):
                 return _closed(pin)
             if not proc.live and pid != self.pid:
                 _reap_pid(pid)  # gone for good: the next look will not see it either
@@ -1114,9 +1120,9 @@ class _ProcTree(object):
             self.pidfds = False
         return fd
 
-    def _children_of(self, node, index, until=None):
+    def _children_of(self, node, index, endtime=None):
         if node is None:
-            return index[0].get(self.me, []) if index is not None else self.own_children(until)
+            return index[0].get(self.me, []) if index is not None else self.own_children(endtime)
         proc = node[0]
         if index is not None:
             return index[0].get(proc.pid, [])
@@ -1214,7 +1220,7 @@ class _SignalCatcher(object):
         self.saved = {}
         self.ignored_by_caller = set()
         self.caller_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-        read_end, write_end = os.pipe()
+        read_end, write_end = _acquire("pipe", os.pipe)
         self.fd, self.write_end = _high_fd(read_end), _high_fd(write_end)
         for fd in (self.fd, self.write_end):
             os.set_blocking(fd, False)
@@ -1322,7 +1328,7 @@ class _StopFileWatch(object):
     def fileno(self):
         return self.fd
 
-    def drain_events(self):
+    def read_events(self):
         """Read the events; look at the path again if one touched it."""
         data = b""
         try:
@@ -1505,8 +1511,13 @@ class _User(object):
         """[bool] for (path, "enter" or "write") checks, tried as the user, in
         a child that switches first: ACLs, groups and all, as the command
         would find them."""
-        read_end, write_end = os.pipe()
-        pid = os.fork()
+        read_end, write_end = _acquire("pipe", os.pipe)
+        try:
+            pid = _acquire("fork", os.fork)
+        except SupervisorError:
+            os.close(read_end)
+            os.close(write_end)
+            raise
         if pid == 0:
             try:
                 os.close(read_end)
@@ -1649,19 +1660,19 @@ def _enter(run, state):
     return None
 
 
-def _wait(run, until, fds=()):
+def _wait(run, endtime, fds=()):
     """The one place a run blocks: until a signal arrives, one of fds is
     readable (pidfds), the stop file's watch or the exec report speaks (while
-    running only), or the monotonic time `until`. Then act on the signals."""
+    running only), or the monotonic time `endtime`. Then act on the signals."""
     running = run.state == "running"
     watch_fd = run.watch.fileno() if running and run.watch is not None else None
     report_fd = run.report.fileno() if running else None
     wanted = [fd for fd in (run.catcher.fd, watch_fd, report_fd) if fd is not None]
     if run.reap_pending:
-        until = min(until, run.next_list_reap)
-    ready = _wait_readable(wanted + list(fds), until - _now())
+        endtime = min(endtime, run.next_list_reap)
+    ready = _wait_readable(wanted + list(fds), endtime - _now())
     if watch_fd is not None and watch_fd in ready:
-        run.watch.drain_events()
+        run.watch.read_events()
     _act_on_signals(run)
 
 
@@ -1700,10 +1711,16 @@ def _request_stop(run, sig, when):
 
 
 def _hurry(run, sig, when):
-    """A later stop signal skips the rest of the grace; the same signal
-    again within _STOP_BURST is the same request (GNU timeout signals its
-    child, then its own process group, which holds the child too)."""
+    """A second stop signal skips the rest of the grace. The first one after
+    a stop by the deadline or the stop file is that stop again (a controller
+    touches the stop file, then sends SIGTERM); the same signal again within
+    _STOP_BURST is the same request (GNU timeout signals its child, then its
+    own process group, which holds the child too). After a natural exit
+    there is no request yet: any stop signal hurries the drain."""
     last_signal, last_when = run.last_stop
+    if last_signal is None and run.stop_reason is not None:
+        run.last_stop = (sig, when)
+        return
     if sig == last_signal and when - last_when < _STOP_BURST:
         return
     run.hurry, run.last_stop = True, (sig, when)
@@ -1871,6 +1888,10 @@ def _check_job_control(run):
 def _prepare(run):
     """starting: refuse what cannot work; become a subreaper; take over signals."""
     _require_linux()
+    try:
+        import resource  # noqa: F401  now: lifting the fd limit must not need an fd
+    except ImportError as e:
+        raise SupervisorError("cannot load the resource module (ulimit -n?): %s" % e)
     run.fs = _ProcFS()
     run.tree = _ProcTree(run.fs, _containment_kind(run.fs))
     try:
@@ -1951,7 +1972,7 @@ class _ExecReport(object):
 def _start_command(run):
     """Fork, and exec COMMAND in a process group of its own with the caller's
     stdio, environment, signal mask and ignored signals. -> running"""
-    read_end, write_end = os.pipe()
+    read_end, write_end = _acquire("pipe", os.pipe)
     read_end, write_end = _high_fd(read_end), _high_fd(write_end)
     # All signals blocked across fork: the child must not run our handlers.
     own_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _VALID_SIGNALS)
@@ -2055,8 +2076,8 @@ def _run_until_stop(run):
         if run.stop_reason is not None:
             return
         _check_job_control(run)
-        until = run.endtime if run.watch is None else min(run.endtime, run.watch.due(now))
-        _wait(run, until)
+        endtime = run.endtime if run.watch is None else min(run.endtime, run.watch.due(now))
+        _wait(run, endtime)
 
 
 def _note_exec_failure(run):
@@ -2065,7 +2086,9 @@ def _note_exec_failure(run):
     if not run.reaped:
         os.waitpid(run.pid, 0)
         run.reaped = True
-    run.pid = None  # the receipt's pid is the command's, and it never ran
+    # The receipt's pid and return code are the command's, and it never ran
+    # (the exit _command_exited() may have seen first is the child's).
+    run.pid, run.exit_info = None, None
     reason = detail or os.strerror(code)
     if step == "exec" and not detail:
         run.error = "cannot run %r: %s" % (run.plan.command[0], reason)
@@ -2155,7 +2178,7 @@ def _stop_forced(run):
     _take_the_cpu(run)
     _say(run, "stopping the run: %s; %s to the command's group" % (
         _why_stopped(run), _signal_name(plan.stop_signal)))
-    grace_end = _enter(run, "terminating")
+    grace_endtime = _enter(run, "terminating")
     # Frozen while we look, no member can die and hand us its children before
     # the services adopted before the decision are noted. The stop signal
     # comes after the look: a stopped process still dies at once of a
@@ -2163,18 +2186,18 @@ def _stop_forced(run):
     tree.signal(_GROUP, signal.SIGSTOP)
     scope = _RUN if plan.drain_all else _GROUP  # --drain-all: services get the stop signal too
     if not plan.drain_all:
-        tree.keep(tree.detached(grace_end))
+        tree.keep(tree.detached(grace_endtime))
     tree.begin_cleanup()
-    members = tree.members(scope, grace_end)  # while frozen: each one the stop may end is seen
-    tree.signal(scope, plan.stop_signal, grace_end)
+    members = tree.members(scope, grace_endtime)  # while frozen: each one the stop may end is seen
+    tree.signal(scope, plan.stop_signal, grace_endtime)
     tree.signal(_GROUP, signal.SIGCONT)
-    _await_gone(run, members, grace_end)
-    kill_end = _enter(run, "killing")
+    _await_gone(run, members, grace_endtime)
+    kill_endtime = _enter(run, "killing")
     # Even when all seemed gone: a member forked during the grace must not
     # fork again while the drain looks.
     tree.signal(_GROUP, signal.SIGKILL)
-    while not _command_exited(run) and _now() < kill_end:
-        _wait(run, kill_end)  # SIGCHLD wakes us; it may sit in D state
+    while not _command_exited(run) and _now() < kill_endtime:
+        _wait(run, kill_endtime)  # SIGCHLD wakes us; it may sit in D state
     _drain(run, _RUN)
     _drain_strays(run)
 
@@ -2190,38 +2213,38 @@ def _finish_natural(run):
     tree.begin_cleanup()
     members = tree.members(scope, _now() + plan.cleanup_timeout)
     if members:
-        grace_end = _enter(run, "terminating")
-        tree.signal(scope, plan.stop_signal, grace_end)
+        grace_endtime = _enter(run, "terminating")
+        tree.signal(scope, plan.stop_signal, grace_endtime)
         tree.signal(_GROUP, signal.SIGCONT)
-        _await_gone(run, members, grace_end)
+        _await_gone(run, members, grace_endtime)
     _drain(run, scope)
     if plan.drain_all:
         _drain_strays(run)
 
 
-def _await_gone(run, procs, until):
-    """The grace: wait until each process has exited, `until`, or a later stop
+def _await_gone(run, procs, endtime):
+    """The grace: wait until each process has exited, `endtime`, or a later stop
     signal asks to hurry."""
     pins = run.tree.pins(procs)
     try:
-        _await_exits(run, pins, until, interruptible=True)
+        _await_exits(run, pins, endtime, interruptible=True)
     finally:
         _close_pins(pins)
 
 
-def _await_exits(run, pins, until, interruptible=False):
-    """Block until every pinned process has exited: False at `until`, or, when
+def _await_exits(run, pins, endtime, interruptible=False):
+    """Block until every pinned process has exited: False at `endtime`, or, when
     interruptible, as soon as a later stop signal asks to hurry."""
     delay = _EXIT_POLL_FIRST
     for pin in _still_running(run, pins):
         while not pin.exited(run.fs):
-            if _now() >= until or (interruptible and run.hurry):
+            if _now() >= endtime or (interruptible and run.hurry):
                 return False
             if pin.fd is None:  # no pidfd: nothing will wake us, so poll
-                _wait(run, min(until, _now() + delay))
+                _wait(run, min(endtime, _now() + delay))
                 delay = min(delay * 2, _EXIT_POLL_MAX)
             else:
-                _wait(run, until, (pin.fd,))
+                _wait(run, endtime, (pin.fd,))
         run.tree.note_gone(pin.proc)
     return True
 
@@ -2267,9 +2290,9 @@ def _drain(run, scope):
                 _wait(run, min(endtime, _now() + _UNSETTLED_RETRY))
         finally:
             _close_pins(walk.pins)
-    last = _now() + _FINAL_PASS_LIMIT
-    _close_pins(tree.kill(scope, last).pins)
-    run.survivors, run.stable = tree.confirm(scope, last)
+    final_endtime = _now() + _FINAL_PASS_LIMIT
+    _close_pins(tree.kill(scope, final_endtime).pins)
+    run.survivors, run.stable = tree.confirm(scope, final_endtime)
 
 
 def _drain_strays(run):
@@ -2279,20 +2302,20 @@ def _drain_strays(run):
     _FINAL_PASS_LIMIT, so that what the receipt keeps and what it confirms
     cover every process of the run."""
     tree = run.tree
-    until = _now() + _FINAL_PASS_LIMIT
+    endtime = _now() + _FINAL_PASS_LIMIT
     while not run.survivors and run.stable:
-        strays = [p for p in tree.detached(until) if p.identity not in tree.kept]
-        if _now() >= until:  # out of time, perhaps before the look was whole
+        strays = [p for p in tree.detached(endtime) if p.identity not in tree.kept]
+        if _now() >= endtime:  # out of time, perhaps before the look was whole
             run.survivors, run.stable = strays, False
             return
         if not strays:
             return
-        walk = tree.kill(_RUN, until)
+        walk = tree.kill(_RUN, endtime)
         try:
-            _await_exits(run, walk.pins, min(until, _now() + _DRAIN_ROUND_LIMIT))
+            _await_exits(run, walk.pins, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
         finally:
             _close_pins(walk.pins)
-        run.survivors, run.stable = tree.confirm(_RUN, until)
+        run.survivors, run.stable = tree.confirm(_RUN, endtime)
 
 
 def _finish(run):
@@ -2311,9 +2334,9 @@ def _finish(run):
     _reap_exited(run)
     tree = run.tree
     forced = run.stop_reason is not None
-    until = _now() + _FINISH_LIMIT
+    endtime = _now() + _FINISH_LIMIT
     if not run.plan.drain_all:
-        run.preserved = [p for p in tree.detached(until)
+        run.preserved = [p for p in tree.detached(endtime)
                          if not forced or p.identity in tree.kept]
     # The services were free to run since the confirming look: one that died
     # meanwhile handed its children to us, and one could have put a process
@@ -2321,10 +2344,10 @@ def _finish(run):
     # command, a service kept above, nor the caller's, is the run's, alive.
     if not run.survivors and run.stable:
         kept = set(p.identity for p in run.preserved)
-        run.survivors = [p for p in tree.live_children(until)
+        run.survivors = [p for p in tree.live_children(endtime)
                          if p.pid != run.pid and p.identity not in kept
-                         and not tree.is_callers(p)]
-    if _now() >= until:  # a look cut short claims nothing
+                         and not tree.is_inherited(p)]
+    if _now() >= endtime:  # a look cut short claims nothing
         run.stable = False
     run.unattributed = [p for p in tree.unattributed.values() if tree.alive(p)]
 
@@ -2724,11 +2747,12 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_pa
     command is an argv list of str (or bytes); timeout and cleanup_timeout
     are seconds; the run is stopped when anything exists at stop_path;
     workdir is the command's current directory; user ("name", "uid",
-    "name:group") the user it runs as, with no way back to root. stop_with_parent, the pid of
-    this process's parent, stops the run as SIGTERM would when that parent
-    dies (even if the caller ignored SIGTERM; the command still starts with it
-    ignored). Must run in the main thread of a single-threaded process on
-    Linux. Raises SupervisorError (UsageError for bad arguments) before
+    "name:group") the user it runs as, with no way back to root.
+    stop_with_parent, the pid of this process's parent, stops the run as
+    SIGTERM would when that parent dies (even if the caller ignored SIGTERM;
+    the command starts with SIGTERM at its default). Must run in the main
+    thread of a single-threaded process on Linux; the children it already
+    has stay its own (never signalled, never reaped). Raises SupervisorError (UsageError for bad arguments) before
     anything starts. Once the command started, a receipt always comes back: a
     command that cannot be executed, or a failure of the supervisor itself,
     is in its error and exit_status. The caller's signal handlers, mask and
@@ -3055,13 +3079,13 @@ def _check_receipt_target(path, workdir):
     try:
         target = _ReceiptTarget(path)
     except OSError as e:
-        raise UsageError("--receipt: %s: %s" % (e.filename or path, e.strerror or e))
+        raise UsageError("--receipt: %s: %s" % (e.filename or path, _os_error_text(e)))
     try:
         inside = workdir is not None and _is_inside(target.dir_fd, workdir)
     except OSError as e:
         target.discard()
         raise UsageError("--receipt: cannot tell whether %s is inside the workdir %s: %s"
-                         % (path, workdir, e.strerror))
+                         % (path, workdir, _os_error_text(e)))
     if inside:
         target.discard()
         raise UsageError("--receipt: %s lands in %s, inside the workdir %s; put the "
@@ -3130,7 +3154,7 @@ def _relay_into_new_session():
     (_PR_SET_PDEATHSIG, set by supervise) and stops the run. Returns the
     relay's pid, in the child only."""
     relay = os.getpid()
-    pid = os.fork()
+    pid = _acquire("fork", os.fork)
     if pid == 0:
         os.setsid()
         return relay

@@ -93,6 +93,29 @@ def test_a_fenced_launch_stops_on_the_controllers_word(controller):
     assert proc.wait(timeout=10) == receipt["exit_status"]
 
 
+@pytest.mark.parametrize("pause", [0, 0.5])
+def test_the_controllers_stop_keeps_the_commands_grace(controller, pause):
+    """The stop script touches the stop file, then sends SIGTERM: one request.
+    The SIGTERM used to count as a second stop signal, which skips the grace:
+    the command, which takes 0.3 s to exit, died of SIGKILL. The same with a
+    controller slower between its two steps (two docker exec calls)."""
+    proc, env = launch(controller, 600, PY, "-c", "print('started', flush=True);" + REPORTER,
+                       "--exit-on-signal", "0.3")
+    assert wait_until(lambda: b"ready" in _read(controller / "box" / "runner.log"))  # handlers set
+    (controller / "box" / "runner.stop").touch()
+    time.sleep(pause)
+    os.kill(int((controller / "box" / "runner.pid").read_text()), signal.SIGTERM)
+    status = proc.wait(timeout=30)
+    receipt = read_receipt(controller / "box" / "cleanup.json")
+    assert receipt["return_code"] == 3, receipt  # its handler finished: no SIGKILL
+    # At once, the SIGTERM may be seen first: then it decided, and the stop
+    # file is the same request.
+    expected = ["stop_file"] if pause else ["stop_file", "signal"]
+    assert receipt["stop_reason"] in expected and receipt["cleanup_confirmed"] is True
+    assert status == receipt["exit_status"] == {"stop_file": 124, "signal": 143}[
+        receipt["stop_reason"]]
+
+
 def test_a_fenced_launch_gives_the_command_sigterm_first_at_the_deadline(controller):
     """The command does not inherit the fence: at the deadline it gets SIGTERM
     (and may exit gracefully), not SIGKILL after the whole grace."""

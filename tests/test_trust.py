@@ -259,6 +259,35 @@ def test_a_receipt_directory_swapped_for_a_symlink_cannot_move_the_receipt(paths
     assert json.loads((tmp_path / "moved" / "receipt.json").read_text())["exit_status"] == 4
 
 
+def test_without_o_tmpfile_the_receipt_goes_through_a_random_name(paths, tmp_path):
+    """Where the filesystem has no O_TMPFILE, the receipt is written under a
+    random name (O_EXCL) and renamed: it lands, and nothing else is left."""
+    out = tmp_path / "no-tmpfile"
+    code = ("import os; del os.O_TMPFILE\n"
+            "import supervisor as s\n"
+            "r = s.supervise(['sh', '-c', 'exit 6'], 30, 2, workdir=%r)\n"
+            "s.write_receipt(r, %r)\n" % (str(paths.work), str(out / "receipt.json")))
+    subprocess.check_call([PY, "-c", code], cwd=SUPERVISOR.rsplit("/", 1)[0], timeout=60)
+    assert os.listdir(str(out)) == ["receipt.json"]
+    assert read_receipt(out / "receipt.json")["exit_status"] == 6
+
+
+def test_a_full_stderr_never_holds_the_receipt_back(paths):
+    """Nobody reads the supervisor's stderr, which the command filled: with
+    -v there is a line to write at the stop and after it, yet the receipt is
+    on disk first, and the lines that stderr cannot take are dropped."""
+    fill = "import os, time; os.write(2, b'x' * 65536); time.sleep(30)"
+    proc = subprocess.Popen(supervisor_cmd(*paths.options(timeout=0.5, cleanup=1) + [
+        "-v", "--", PY, "-c", fill]), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_until(paths.receipt.exists, timeout=20)  # stderr still unread
+        receipt = read_receipt(paths.receipt)
+        assert receipt["stop_reason"] == "timeout" and receipt["cleanup_confirmed"] is True
+    finally:
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 124 and err.startswith(b"x" * 1000)
+
+
 # --- 10. The caller's jobs stay the caller's -------------------------------------------------------
 
 @pytest.mark.parametrize("forced", [False, True])
@@ -368,6 +397,21 @@ def stop_noticed(proc, paths, change):
     return time.monotonic() - created
 
 
+def test_a_stop_path_that_cannot_be_looked_at_during_the_run_is_a_stop(paths, tmp_path):
+    """At start only ENOENT and ENOTDIR mean 'no stop file'; during the run
+    too: an ancestor replaced by a symlink loop (ELOOP) stops the run rather
+    than hiding the stop file for good."""
+    (tmp_path / "ctl").mkdir()
+    paths.stop = tmp_path / "ctl" / "stop"
+    proc = start_supervisor(*paths.options(stop=True) + ["--", "sh", "-c", "echo started; exec sleep 30"])
+    read_lines_until(proc.stdout, "started")
+    os.rename(str(tmp_path / "ctl"), str(tmp_path / "ctl-old"))
+    os.symlink("ctl", str(tmp_path / "ctl"))  # ctl -> ctl: ELOOP
+    status, _, err = finish(proc)
+    assert status == 124, err
+    assert read_receipt(paths.receipt)["stop_reason"] == "stop_file"
+
+
 def test_the_stop_file_is_noticed_after_an_ancestor_is_renamed(paths, tmp_path):
     (tmp_path / "ctl" / "run").mkdir(parents=True)
     paths.stop = tmp_path / "ctl" / "run" / "stop"
@@ -447,6 +491,26 @@ def test_a_refused_fork_names_the_limit_and_leaves_no_directories(open_dir):
     assert result.returncode == 125
     one_line(result.stderr, "fork: Resource temporarily unavailable (ulimit -u, pids.max)")
     assert os.listdir(box) == []
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
+def test_every_fd_limit_is_a_clean_run_or_one_line_naming_it(paths):
+    """Descriptors starved at each point of the start (the receipt's
+    directory, /proc, the signal pipe, the exec report, the resource module):
+    never 'internal error', always one line naming the call and ulimit -n,
+    and nothing left at the receipt path."""
+    for limit in range(5, 15):
+        result = subprocess.run(["prlimit", "--nofile=%d" % limit, PY, "-I", "-S", SUPERVISOR,
+                                 "--timeout", "5", "--workdir", str(paths.work),
+                                 "--receipt", str(paths.receipt), "--", "true"],
+                                stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+        if result.returncode == 0:
+            assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
+            continue
+        assert result.returncode == 125, (limit, result.stderr)
+        line = one_line(result.stderr, "(ulimit -n")
+        assert "internal error" not in line, (limit, line)
+        assert not paths.receipt.exists(), limit
 
 
 def test_a_deleted_current_directory_is_refused_and_leaves_no_directories(paths, tmp_path):
@@ -740,8 +804,10 @@ def test_a_supervisor_failure_gives_the_cpu_back_too(paths):
         "while nice() != -20:  # starve it once the cleanup has taken the CPU\n"
         "    time.sleep(0.0005)\n"
         "while True:  # a kept service"))
+    # The command ignores SIGTERM: the grace gives the service, which may get
+    # less CPU than the cleanup, the time to starve it before the drain looks.
     inner = supervisor_cmd(*paths.options(timeout=0.5, cleanup=0.5) + [
-        "--", "sh", "-c", "%s -c '%s' $PPID; exec sleep 30" % (
+        "--", "sh", "-c", "%s -c '%s' $PPID; trap '' TERM; exec sleep 30" % (
             PY, flipper.replace("'", "'\"'\"'"))])
     script = "%s; cat /proc/self/autogroup" % " ".join(shlex.quote(str(a)) for a in inner)
     _, out, _ = run_to_files(["setsid", "-w", "sh", "-c", script], paths.work.parent)
