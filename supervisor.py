@@ -700,8 +700,9 @@ class _ProcTree(object):
         kill(scope)         freeze and SIGKILL the scope; pins to wait on
         confirm(scope, t)   the observation behind cleanup_confirmed
         pins(procs)         pidfds to wait on, which wake the loop at exit
-        own_children()      for the reaper, which lives outside (reap: the
-                            hook a long look calls to let it run)
+        own_children()      for the reaper, which lives outside: the hooks
+                            reap() and reap_child(pid) are all a look knows
+                            of it
         close()
 
     Why a look finds every process of the run: each one descends from this
@@ -744,7 +745,9 @@ class _ProcTree(object):
         self.gone = set()           # identities whose pin showed them exit
         self.pidfds = True          # until the kernel says otherwise
         self.saved_fd_limit = None  # our RLIMIT_NOFILE, while raised
-        self.reap = None            # the run's reaper, for long looks (_reap_when_due)
+        # The run's reaper lives outside: reap() what is due, during a long
+        # look (_reap_when_due); reap_child(pid), a zombie a look came upon.
+        self.reap, self.reap_child = (lambda: None), (lambda pid: False)
         self.next_reap = 0.0
 
     # The seam.
@@ -899,7 +902,7 @@ class _ProcTree(object):
             for pid in fresh:
                 if _now() >= endtime:
                     return
-                _reap_pid(pid)
+                self.reap_child(pid)
 
     def confirm(self, scope, endtime, previous=None):
         """The observation behind cleanup_confirmed: ([], True) once two looks
@@ -980,7 +983,7 @@ class _ProcTree(object):
         would lengthen every list we read: let the reaper run every
         _REAP_LIST_INTERVAL."""
         now = _now()
-        if self.reap is not None and now >= self.next_reap:
+        if now >= self.next_reap:
             self.next_reap = now + _REAP_LIST_INTERVAL
             self.reap()
 
@@ -1055,9 +1058,10 @@ class _ProcTree(object):
         if parent is None and not everything:
             if self.is_inherited(proc):
                 return _closed(pin)
-            if not proc.live and pid != self.pid:
-                _reap_pid(pid)  # gone for good: the next look will not see it either
-                walk.stable = False  # it may have died after our list was read
+            if not proc.live and self.reap_child(pid):
+                # Gone for good: the next look will not see it either; but it
+                # may have died after our list was read.
+                walk.stable = False
                 return _closed(pin)
         if not parent_kept:
             walk.seen.add(proc.identity)
@@ -1751,11 +1755,10 @@ _SIGNAL_ACTIONS = {
 
 
 def _reap_exited(run):
-    """The one reaper: every exited child of ours, but the command until done
-    (its zombie keeps its pid, and so its group id, from being reused while
-    the group is signalled). Runs whenever SIGCHLD wakes a wait, in every
-    state, so zombies never pile up. A call reaps at most _REAP_BATCH (or a
-    page of the list of our children, see below): a storm
+    """The reaper: every exited child of ours that _reap_child() may reap.
+    Runs whenever SIGCHLD wakes a wait, in every state, so zombies never pile
+    up (and during a long look, by the tree's reap hook). A call reaps at most
+    _REAP_BATCH, or a page of the list of our children (see below): a storm
     can make zombies faster than a starved supervisor reaps them, and the
     caller's deadlines must be looked at in between; _wait() comes straight
     back for the rest."""
@@ -1770,8 +1773,7 @@ def _reap_exited(run):
             return
         if info is None:
             return
-        if (info.si_pid != run.pid or run.reaped) and run.tree.reapable(info.si_pid):
-            _reap_pid(info.si_pid)
+        if _reap_child(run, info.si_pid):
             continue
         # The command's zombie (or the caller's) is the one waitid() shows, and
         # it hides the others behind it: reap them by pid, from the oldest of
@@ -1783,14 +1785,23 @@ def _reap_exited(run):
             run.reap_pending = True
             return
         oldest = run.tree.oldest_children()
-        reaped = [pid for pid in oldest
-                  if pid != run.pid and run.tree.reapable(pid) and _reap_pid(pid)]
+        reaped = [pid for pid in oldest if _reap_child(run, pid)]
         if not reaped and len(oldest) > _REAP_BATCH:  # a page of live ones: look past it
             reaped = [pid for pid in run.tree.own_children(_now() + _REAP_SLICE)[len(oldest):]
-                      if pid != run.pid and run.tree.reapable(pid) and _reap_pid(pid)]
+                      if _reap_child(run, pid)]
         run.next_list_reap, run.reap_pending = now + _REAP_LIST_INTERVAL, bool(reaped)
         return
     run.reap_pending, run.next_list_reap = True, _now()  # more to reap: right after a look
+
+
+def _reap_child(run, pid):
+    """The one rule of reaping: pid, if it is an exited child of ours, but
+    never the command before done (its zombie keeps its group id from being
+    reused while the group is signalled), nor a child the caller had before
+    the run (the caller waits for it). Did it reap?"""
+    if (pid == run.pid and not run.reaped) or not run.tree.reapable(pid):
+        return False
+    return _reap_pid(pid)
 
 
 def _command_exited(run):
@@ -1910,6 +1921,7 @@ def _prepare(run):
             run.catcher.pending.append((signal.SIGTERM, _now()))
     run.tree.note_inherited()
     run.tree.reap = lambda: _reap_exited(run)
+    run.tree.reap_child = lambda pid: _reap_child(run, pid)
     if run.plan.stop_path is not None:
         run.watch = _StopFileWatch(run.plan.stop_path)
 
