@@ -425,6 +425,20 @@ def _acquire(call, make):
         raise SupervisorError("%s: %s" % (call, _os_error_text(e, call)))
 
 
+def _pipe():
+    """A pipe with both ends above 2 (see _high_fd). Out of descriptors, it
+    is one line naming the call, and no end is left open."""
+    ends, high = _acquire("pipe", os.pipe), []
+    try:
+        for fd in ends:
+            high.append(_acquire("pipe", lambda: _high_fd(fd)))
+    except SupervisorError:
+        for fd in high + list(ends[len(high) + 1:]):  # _high_fd closed the one it failed on
+            os.close(fd)
+        raise
+    return tuple(high)
+
+
 # --- /proc ------------------------------------------------------------------------------
 
 class _Proc(object):
@@ -1224,8 +1238,7 @@ class _SignalCatcher(object):
         self.saved = {}
         self.ignored_by_caller = set()
         self.caller_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-        read_end, write_end = _acquire("pipe", os.pipe)
-        self.fd, self.write_end = _high_fd(read_end), _high_fd(write_end)
+        self.fd, self.write_end = _pipe()
         for fd in (self.fd, self.write_end):
             os.set_blocking(fd, False)
         try:
@@ -1515,7 +1528,7 @@ class _User(object):
         """[bool] for (path, "enter" or "write") checks, tried as the user, in
         a child that switches first: ACLs, groups and all, as the command
         would find them."""
-        read_end, write_end = _acquire("pipe", os.pipe)
+        read_end, write_end = _pipe()
         try:
             pid = _acquire("fork", os.fork)
         except SupervisorError:
@@ -1984,8 +1997,7 @@ class _ExecReport(object):
 def _start_command(run):
     """Fork, and exec COMMAND in a process group of its own with the caller's
     stdio, environment, signal mask and ignored signals. -> running"""
-    read_end, write_end = _acquire("pipe", os.pipe)
-    read_end, write_end = _high_fd(read_end), _high_fd(write_end)
+    read_end, write_end = _pipe()
     # All signals blocked across fork: the child must not run our handlers.
     own_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _VALID_SIGNALS)
     try:
@@ -2764,10 +2776,10 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_pa
     SIGTERM would when that parent dies (even if the caller ignored SIGTERM;
     the command starts with SIGTERM at its default). Must run in the main
     thread of a single-threaded process on Linux; the children it already
-    has stay its own (never signalled, never reaped). Raises SupervisorError (UsageError for bad arguments) before
-    anything starts. Once the command started, a receipt always comes back: a
-    command that cannot be executed, or a failure of the supervisor itself,
-    is in its error and exit_status. The caller's signal handlers, mask and
+    has stay its own (never signalled, never reaped). Raises SupervisorError
+    (UsageError for bad arguments) before anything starts. Once the command
+    started, a receipt always comes back: a command that cannot be executed,
+    or a failure of the supervisor itself, is in its error and exit_status. The caller's signal handlers, mask and
     subreaper bit are restored when it returns.
     """
     plan = _make_plan(command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent)
@@ -3073,7 +3085,7 @@ def _remove_stale(target):
         target.remove_stale()
     except OSError as e:
         target.discard()
-        raise UsageError("--receipt: %s: %s" % (e.filename, e.strerror))
+        raise UsageError("--receipt: %s: %s" % (e.filename, _os_error_text(e)))
 
 
 def _check_workdir(workdir):

@@ -494,16 +494,19 @@ def test_a_refused_fork_names_the_limit_and_leaves_no_directories(open_dir):
 
 
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
-def test_every_fd_limit_is_a_clean_run_or_one_line_naming_it(paths):
+@pytest.mark.parametrize("stdin_closed", [False, True])
+def test_every_fd_limit_is_a_clean_run_or_one_line_naming_it(paths, stdin_closed):
     """Descriptors starved at each point of the start (the receipt's
-    directory, /proc, the signal pipe, the exec report, the resource module):
+    directory, /proc, the signal pipe, the exec report, the resource module),
+    also with stdin closed (a pipe then gets fd 0 and must move above 2):
     never 'internal error', always one line naming the call and ulimit -n,
     and nothing left at the receipt path."""
     for limit in range(5, 15):
         result = subprocess.run(["prlimit", "--nofile=%d" % limit, PY, "-I", "-S", SUPERVISOR,
                                  "--timeout", "5", "--workdir", str(paths.work),
                                  "--receipt", str(paths.receipt), "--", "true"],
-                                stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+                                stderr=subprocess.PIPE, universal_newlines=True, timeout=60,
+                                preexec_fn=(lambda: os.close(0)) if stdin_closed else None)
         if result.returncode == 0:
             assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
             continue
