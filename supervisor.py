@@ -804,19 +804,9 @@ class _ProcTree(object):
     def detached(self, endtime=None):
         """Our live children outside the command's group, but never the
         command itself (it may have moved to another group)."""
-        found = []
-        for pid in self.own_children(endtime):
-            if endtime is not None and _now() >= endtime:
-                break
-            self._reap_when_due()
-            proc = self.fs.stat(pid)
-            # Still our child: the reaper may have run since the list was
-            # read, and a pid it freed can be another process's by now.
-            if (proc is not None and proc.live and proc.ppid == self.me
-                    and proc.pgid != self.pgid and pid != self.pid
-                    and not self.is_inherited(proc)):
-                found.append(proc)
-        return found
+        return [proc for proc in self.live_children(endtime)
+                if proc.pgid != self.pgid and proc.pid != self.pid
+                and not self.is_inherited(proc)]
 
     def reapable(self, pid):
         return pid not in self.callers_children
@@ -829,7 +819,10 @@ class _ProcTree(object):
         for pid in self.own_children(endtime):
             if endtime is not None and _now() >= endtime:
                 break
+            self._reap_when_due()
             proc = self.fs.stat(pid)
+            # Still our child: the reaper may have run since the list was
+            # read, and a pid it freed can be another process's by now.
             if proc is not None and proc.live and proc.ppid == self.me:
                 found.append(proc)
         return found
@@ -1014,13 +1007,14 @@ class _ProcTree(object):
         stack = [(None, pid) for pid in reversed(self._children_of(None, index, endtime))]
         try:
             while stack:
-                if endtime is None or _now() < endtime:
+                out_of_time = endtime is not None and _now() >= endtime
+                if not out_of_time:
                     self._reap_when_due()
                 parent, pid = stack.pop()
                 if pid is None:
                     self._leave(parent, kill, walk)
-                elif endtime is not None and _now() >= endtime:
-                    walk.stable = False  # out of time: the look is partial
+                elif out_of_time:
+                    walk.stable = False  # the look is partial
                 else:
                     node = self._visit(parent, pid, scope, sig, walk, index, everything)
                     if node is not None:
@@ -2004,10 +1998,7 @@ def _start_command(run):
         run.started_wall, run.started = time.time(), _now()
         run.endtime = run.started + run.plan.timeout
         run.usage_before = _children_usage()
-        try:
-            pid = os.fork()
-        except OSError as e:
-            raise SupervisorError("fork: %s" % _os_error_text(e, "fork"))
+        pid = _acquire("fork", os.fork)
         if pid == 0:
             _exec_command(run, write_end)  # never returns
     except BaseException:
@@ -2613,10 +2604,14 @@ class _ReceiptTarget(object):
         self._unlink(self._create_named()[0])
         return None
 
+    def _temporary_names(self):
+        """Names beside the receipt that nobody can guess, a few tries' worth."""
+        for _ in range(16):
+            yield ".%s.%s.tmp" % (self.name, os.urandom(8).hex())
+
     def _create_named(self):
         """A temporary file under a random name (O_EXCL: never one planted)."""
-        for _ in range(16):
-            name = ".%s.%s.tmp" % (self.name, os.urandom(8).hex())
+        for name in self._temporary_names():
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o644, dir_fd=self.dir_fd)
@@ -2667,8 +2662,7 @@ class _ReceiptTarget(object):
     def _link_unnamed(self, fd):
         """Give the unnamed file a random name, through /proc/self/fd (linkat
         with AT_SYMLINK_FOLLOW: no privilege needed, unlike AT_EMPTY_PATH)."""
-        for _ in range(16):
-            name = ".%s.%s.tmp" % (self.name, os.urandom(8).hex())
+        for name in self._temporary_names():
             try:
                 os.link("self/fd/%d" % fd, name, src_dir_fd=self.proc_fd,
                         dst_dir_fd=self.dir_fd, follow_symlinks=True)
@@ -2779,8 +2773,9 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_pa
     has stay its own (never signalled, never reaped). Raises SupervisorError
     (UsageError for bad arguments) before anything starts. Once the command
     started, a receipt always comes back: a command that cannot be executed,
-    or a failure of the supervisor itself, is in its error and exit_status. The caller's signal handlers, mask and
-    subreaper bit are restored when it returns.
+    or a failure of the supervisor itself, is in its error and exit_status.
+    The caller's signal handlers, mask and subreaper bit are restored when it
+    returns.
     """
     plan = _make_plan(command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent)
     if user is not None:
@@ -2929,7 +2924,7 @@ what is kept and what is drained:
   is stopped the same way and every process adopted after that decision is
   drained, in any group or session; services detached before it are kept.
   With --drain-all nothing is kept. A forced stop ends within the timeout
-  plus 3 x the cleanup timeout, plus up to 2 s.
+  plus 3 x the cleanup timeout, plus up to 2.5 s.
 
 signals: TERM, INT, HUP and every other signal that would end a process stop
 the run (one that the caller ignored stays ignored, TERM excepted); a second
