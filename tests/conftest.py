@@ -6,6 +6,7 @@ it. The autouse fixture `no_leaks` then finds every descendant the test added,
 kills them by pid (they are provably ours: our descendants, pinned by
 pidfd), and fails the test.
 """
+import calendar
 import ctypes
 import glob
 import json
@@ -17,6 +18,12 @@ import sys
 import time
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis times each example (200 ms by default): on a loaded machine that
+# is a race against the CPU, never what a test checks.
+settings.register_profile("loaded", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("loaded")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUPERVISOR = os.path.join(ROOT, "supervisor.py")
@@ -24,6 +31,11 @@ HELPERS = os.path.join(ROOT, "tests", "helpers")
 PY = sys.executable
 IS_ROOT = os.geteuid() == 0
 PR_SET_CHILD_SUBREAPER = 36
+
+# CPU- and PID-heavy tests (storms, floods, trees of a thousand) run in one
+# xdist group, on one worker, one at a time (pyproject.toml: --dist loadgroup),
+# so that two never compete with each other for the machine.
+heavy = pytest.mark.xdist_group("heavy")
 
 
 # --- Interpreters -----------------------------------------------------------------
@@ -128,6 +140,20 @@ def descendants(pid, procs=None):
     return found
 
 
+def running(pid, argv):
+    """The live descendants of pid running argv (a list of bytes; a zombie
+    has no argv)."""
+    found = []
+    for candidate in descendants(pid):
+        try:
+            with open("/proc/%d/cmdline" % candidate, "rb") as f:
+                if f.read().split(b"\0")[:-1] == argv:
+                    found.append(candidate)
+        except OSError:
+            pass
+    return found
+
+
 def inotify_watches(pid):
     """Inode numbers that pid's inotify descriptors watch (/proc/PID/fdinfo)."""
     inodes = set()
@@ -142,7 +168,7 @@ def inotify_watches(pid):
     return inodes
 
 
-def wait_until(predicate, timeout=10.0, interval=0.01):
+def wait_until(predicate, timeout=30.0, interval=0.01):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if predicate():
@@ -223,21 +249,79 @@ def supervisor_cmd(*args, python=PY):
     return [python, SUPERVISOR] + [str(a) for a in args]
 
 
-def run_supervisor(*args, python=PY, timeout=60, **kwargs):
-    """Run the CLI to its end; stdout and stderr captured as text."""
+# Every catchable signal Python can set, for plain_signals(); 32 and 33 are the
+# C library's, which Python refuses, yet a parent can leave them ignored (an
+# xdist worker on 3.13 does): those are reset by the raw syscall.
+_CATCHABLE = sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP})
+_RT_SIGACTION = {"x86_64": 13, "aarch64": 134}.get(os.uname().machine)
+
+
+def _default_libc_signals():
+    if _RT_SIGACTION is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    default = (ctypes.c_ulong * 4)()  # handler SIG_DFL, flags, restorer, mask: all 0
+    for sig in range(32, signal.SIGRTMIN):
+        libc.syscall(_RT_SIGACTION, sig, default, None, 8)
+
+
+def plain_signals(blocked=(), ignored=(), then=None):
+    """A preexec_fn that gives the child a known signal state: every signal at
+    its default and none blocked, then `ignored` ignored and `blocked`
+    blocked, then `then()`. Without it, a child inherits whatever pytest was
+    started with (an xdist worker ignores signal 32 on 3.13; nohup ignores
+    SIGHUP)."""
+    def prepare():
+        for sig in _CATCHABLE:
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass  # one the C library keeps for itself
+        _default_libc_signals()
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        if then is not None:
+            then()
+    return prepare
+
+
+def _child_defaults(kwargs):
+    """What every supervisor a test starts gets unless the test says otherwise:
+    pipes for its output, no terminal on stdin, a plain signal state."""
     kwargs.setdefault("stdout", subprocess.PIPE)
     kwargs.setdefault("stderr", subprocess.PIPE)
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
+    kwargs.setdefault("preexec_fn", plain_signals())
+    return kwargs
+
+
+def spawn(argv, **kwargs):
+    """subprocess.Popen with the defaults of _child_defaults()."""
+    return subprocess.Popen([str(a) for a in argv], **_child_defaults(kwargs))
+
+
+def run(argv, timeout=120, **kwargs):
+    """subprocess.run, text mode, with the defaults of _child_defaults()."""
+    if "input" in kwargs:
+        kwargs.setdefault("stdin", None)
+    return subprocess.run([str(a) for a in argv], timeout=timeout, universal_newlines=True,
+                          **_child_defaults(kwargs))
+
+
+def run_supervisor(*args, python=PY, timeout=120, **kwargs):
+    """Run the CLI to its end; stdout and stderr captured as text."""
+    if "input" in kwargs:
+        kwargs.setdefault("stdin", None)
     return subprocess.run(supervisor_cmd(*args, python=python), timeout=timeout,
-                          universal_newlines=True, **kwargs)
+                          universal_newlines=True, **_child_defaults(kwargs))
 
 
 def start_supervisor(*args, python=PY, **kwargs):
-    kwargs.setdefault("stdout", subprocess.PIPE)
-    kwargs.setdefault("stderr", subprocess.PIPE)
-    return subprocess.Popen(supervisor_cmd(*args, python=python), **kwargs)
+    return subprocess.Popen(supervisor_cmd(*args, python=python), **_child_defaults(kwargs))
 
 
-def finish(proc, timeout=60):
+def finish(proc, timeout=120):
     """Wait for a started supervisor to exit; (returncode, stdout, stderr) as
     text. Reads what is in the pipes, not to EOF: a preserved service may hold
     them open."""
@@ -346,6 +430,14 @@ class Paths(object):
 @pytest.fixture
 def paths(tmp_path):
     return Paths(tmp_path)
+
+
+def stop_noticed_after(receipt, created):
+    """Seconds from `created` (time.time()) to the stop decision, by the
+    receipt's own clock: the start of its first cleanup step."""
+    started = calendar.timegm(time.strptime(receipt["started_at"][:19], "%Y-%m-%dT%H:%M:%S"))
+    started += float("0." + receipt["started_at"][20:26])
+    return started + receipt["ladder"][0]["start_s"] - created
 
 
 def read_receipt(path):

@@ -11,8 +11,9 @@ import time
 import pytest
 
 from conftest import (
-    PY, ROOT, SUPERVISOR, alive, finish, kill_all, read_lines_until, read_receipt,
-    run_supervisor, start_supervisor, start_tree, supervisor_cmd, wait_until,
+    PY, ROOT, SUPERVISOR, alive, finish, heavy, kill_all, plain_signals, read_lines_until,
+    read_receipt, run, run_supervisor, running, spawn, start_supervisor, start_tree,
+    supervisor_cmd, wait_until,
 )
 
 REFERENCE_KEYS = {"cleanup_confirmed", "error", "return_code", "timed_out"}
@@ -58,14 +59,15 @@ def controller(tmp_path):
     return tmp_path
 
 
-def launch(controller, timeout, *command):
+def launch(controller, timeout, *command, started=True):
     env = dict(os.environ, DIR=str(controller / "box"), T=str(timeout))
     # From /, as docker exec and kubectl exec start it: nobody's workdir.
-    proc = subprocess.Popen(["sh", str(controller / "launch.sh")] + list(command), env=env,
-                            cwd="/")
+    proc = spawn(["sh", str(controller / "launch.sh")] + list(command), env=env, cwd="/",
+                 stdout=None, stderr=None)
     runner_pid = controller / "box" / "runner.pid"
-    assert wait_until(runner_pid.exists) and wait_until(
-        lambda: b"started" in _read(controller / "box" / "runner.log"))
+    assert wait_until(runner_pid.exists)
+    if started:
+        assert wait_until(lambda: b"started" in _read(controller / "box" / "runner.log"))
     return proc, env
 
 
@@ -78,14 +80,13 @@ def _read(path):
 
 def test_a_fenced_launch_stops_on_the_controllers_word(controller):
     """trap '' TERM fences the launch; the stop file and SIGTERM stop the run,
-    and the receipt (the four reference keys, confirmed) is there within 3 s."""
+    and the receipt (the four reference keys, confirmed) is there, also when a
+    member ignores SIGTERM (it takes the grace, then SIGKILL)."""
     proc, env = launch(controller, 600, "sh", "-c",
                        "echo started; (trap '' TERM; exec sleep 300) & exec sleep 300")
-    stopped = time.monotonic()
     subprocess.check_call(["sh", str(controller / "stop.sh")], env=env)
     receipt_path = controller / "box" / "cleanup.json"
-    assert wait_until(receipt_path.exists, timeout=3.0)
-    assert time.monotonic() - stopped < 3.0
+    assert wait_until(receipt_path.exists, timeout=60)
     receipt = read_receipt(receipt_path)
     assert REFERENCE_KEYS <= set(receipt)
     assert receipt["cleanup_confirmed"] is True and receipt["error"] is None
@@ -118,16 +119,20 @@ def test_the_controllers_stop_keeps_the_commands_grace(controller, pause):
 
 def test_a_fenced_launch_gives_the_command_sigterm_first_at_the_deadline(controller):
     """The command does not inherit the fence: at the deadline it gets SIGTERM
-    (and may exit gracefully), not SIGKILL after the whole grace."""
-    # A deadline of 3 s: the command's handler must be in place by then, also
-    # on a machine busy with a storm test next door.
-    proc, env = launch(controller, 3, PY, "-c", "print('started', flush=True);" + REPORTER,
-                       "--exit-on-signal", "0")
-    assert proc.wait(timeout=30) == 124
+    (and may exit gracefully), not SIGKILL after the whole grace. A deadline
+    is a time, and a loaded machine may reach it before the command's trap is
+    set: then the command dies of that SIGTERM, which is the same proof."""
+    proc, env = launch(controller, 1, "sh", "-c",
+                       "trap 'echo GOT 15; exit 3' TERM; echo started; "
+                       "while :; do sleep 0.05; done", started=False)
+    assert proc.wait(timeout=60) == 124
     receipt = read_receipt(controller / "box" / "cleanup.json")
-    assert receipt["timed_out"] is True and receipt["return_code"] == 3  # its handler ran
-    assert b"GOT %d" % signal.SIGTERM in _read(controller / "box" / "runner.log")
-    assert receipt["ladder"][0]["duration_s"] < 1.5  # not the 2 s grace, then SIGKILL
+    assert receipt["timed_out"] is True
+    if b"started" in _read(controller / "box" / "runner.log"):
+        assert receipt["return_code"] == 3  # its handler ran
+    else:
+        assert receipt["return_code"] == -signal.SIGTERM
+    assert receipt["ladder"][0]["duration_s"] < 1.9  # not the 2 s grace, then SIGKILL
 
 
 # --- GNU timeout around it: one burst, one request ------------------------------------------------
@@ -138,9 +143,8 @@ def test_gnu_timeout_around_the_supervisor_keeps_the_grace(paths):
     two at once, one request. The command's grace (it exits 0.3 s after
     SIGTERM) must hold every time."""
     for _ in range(4):
-        proc = subprocess.Popen(["timeout", "100"] + supervisor_cmd(*paths.options(cleanup=2) + [
-            "--", PY, "-c", REPORTER, "--exit-on-signal", "0.3"]), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE)
+        proc = spawn(["timeout", "100"] + supervisor_cmd(*paths.options(cleanup=2) + [
+            "--", PY, "-c", REPORTER, "--exit-on-signal", "0.3"]))
         read_lines_until(proc.stdout, "ready")
         proc.send_signal(signal.SIGTERM)
         status, _, err = finish(proc)
@@ -174,9 +178,10 @@ def test_the_same_signal_twice_at_once_is_one_request_later_it_hurries(paths):
 
 @pytest.mark.parametrize("spelling", ["INT", "int", "SIGINT", "2", "sigint"])
 def test_signal_chooses_the_first_signal_of_a_forced_stop(paths, spelling):
-    proc = start_supervisor("-s", spelling, *paths.options(timeout=0.5, cleanup=2) + [
+    proc = start_supervisor("-s", spelling, *paths.options(cleanup=2, stop=True) + [
         "--", PY, "-c", REPORTER, "--exit-on-signal", "0"])
     read_lines_until(proc.stdout, "ready")
+    paths.stop.write_text("")
     status, out, err = finish(proc)
     assert status == 124, err
     assert "GOT %d" % signal.SIGINT in out
@@ -198,11 +203,9 @@ def test_the_stop_signal_starts_at_its_default_in_the_command(paths):
     """A caller that ignored SIGINT still has it ignored in the command, unless
     it is the stop signal."""
     script = "grep SigIgn /proc/self/status"
-    def ignore_int():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
     for extra, ignored in (([], True), (["-s", "INT"], False)):
         result = run_supervisor(*extra + paths.options() + ["--", "sh", "-c", script],
-                                preexec_fn=ignore_int)
+                                preexec_fn=plain_signals(ignored=[signal.SIGINT]))
         mask = int(result.stdout.split()[1], 16)
         assert bool(mask & (1 << (signal.SIGINT - 1))) is ignored, (extra, result.stdout)
 
@@ -217,17 +220,22 @@ def test_kill_after_is_the_cleanup_timeout(paths):
 def test_preserve_status_keeps_the_commands_status(paths):
     result = run_supervisor("--preserve-status", *paths.options(timeout=0.3) + ["--", "sleep", "5"])
     assert result.returncode == 128 + signal.SIGTERM, result.stderr
-    proc = start_supervisor("--preserve-status", *paths.options(timeout=0.5) + [
+    proc = start_supervisor("--preserve-status", *paths.options(stop=True) + [
         "--", PY, "-c", REPORTER, "--exit-on-signal", "0"])
+    read_lines_until(proc.stdout, "ready")
+    paths.stop.write_text("")
     status, _, err = finish(proc)
     assert status == 3, err
     receipt = read_receipt(paths.receipt)
-    assert receipt["exit_status"] == 3 and receipt["stop_reason"] == "timeout"
+    assert receipt["exit_status"] == 3 and receipt["stop_reason"] == "stop_file"
 
 
 def test_verbose_says_when_the_run_is_stopped_and_how_it_ended(paths):
-    script = "setsid -f sleep 300; sleep 300 & exec sleep 300"
-    proc = start_supervisor("-v", *paths.options(timeout=0.3, cleanup=1) + ["--", "sh", "-c", script])
+    script = "setsid -f sleep 300; sleep 300 & echo started; exec sleep 300"
+    proc = start_supervisor("-v", *paths.options(timeout=600, cleanup=1, stop=True) + [
+        "--", "sh", "-c", script])
+    read_lines_until(proc.stdout, "started")
+    paths.stop.write_text("")
     status, _, err = finish(proc)  # the kept service holds the pipes open: no EOF
     receipt = read_receipt(paths.receipt)
     kept = receipt["preserved"][0]["pid"]
@@ -235,9 +243,9 @@ def test_verbose_says_when_the_run_is_stopped_and_how_it_ended(paths):
         assert status == 124
         lines = err.splitlines()
         assert len(lines) == 2, err
-        assert lines[0].startswith("supervisor.py: stopping the run: the deadline passed")
+        assert lines[0].startswith("supervisor.py: stopping the run: the stop file")
         assert "SIGTERM" in lines[0]
-        assert lines[1].startswith("supervisor.py: done: timeout, exit status 124")
+        assert lines[1].startswith("supervisor.py: done: stop_file, exit status 124")
         assert "%d drained" % receipt["drained_count"] in lines[1]
         assert "1 kept (%d sleep 300)" % kept in lines[1] and "cleanup confirmed" in lines[1]
     finally:
@@ -269,11 +277,15 @@ SERVERS = (
 @pytest.mark.parametrize("forced", [False, True])
 def test_drain_all_leaves_no_test_server_behind(paths, forced):
     script = SERVERS + ("echo started; exec sleep 300" if forced else "exit 0")
-    options = paths.options(timeout=0.5 if forced else 30, cleanup=1)
-    result = run_supervisor("--drain-all", *options + ["--", "sh", "-c", script])
+    proc = start_supervisor("--drain-all", *paths.options(cleanup=1, stop=True) + [
+        "--", "sh", "-c", script])
+    if forced:
+        read_lines_until(proc.stdout, "started")
+        paths.stop.write_text("")
+    status, _, err = finish(proc)
     servers = [int(line.split()[1]) for line in (paths.work / "servers").read_text().splitlines()]
     assert len(servers) == 2
-    assert result.returncode == (124 if forced else 0), result.stderr
+    assert status == (124 if forced else 0), err
     receipt = read_receipt(paths.receipt)
     assert receipt["preserved"] == [] and receipt["cleanup_confirmed"] is True
     assert not any(alive(pid) for pid in servers)
@@ -294,8 +306,11 @@ def test_without_drain_all_the_servers_are_kept_and_said_so(paths):
 # --- The receipt: what the drain did, what the run cost ---------------------------------------------
 
 def test_the_receipt_lists_what_was_drained(paths):
-    script = "for i in 1 2 3; do sleep 300 & done; setsid -f sleep 301; exec sleep 302"
-    proc = start_supervisor(*paths.options(timeout=0.5, cleanup=1) + ["--", "sh", "-c", script])
+    script = "for i in 1 2 3; do sleep 300 & done; setsid -f sleep 301; echo started; exec sleep 302"
+    proc = start_supervisor(*paths.options(cleanup=1, stop=True) + ["--", "sh", "-c", script])
+    read_lines_until(proc.stdout, "started")
+    assert wait_until(lambda: running(proc.pid, [b"sleep", b"302"]))  # the exec is done
+    paths.stop.write_text("")
     status, _, err = finish(proc)
     receipt = read_receipt(paths.receipt)
     kept = [p["pid"] for p in receipt["preserved"]]
@@ -309,9 +324,10 @@ def test_the_receipt_lists_what_was_drained(paths):
         kill_all(kept)
 
 
+@heavy
 def test_the_drained_list_is_capped_at_a_thousand(paths):
     script = "for i in $(seq 1100); do sleep 300 & done; exit 0"
-    result = run_supervisor(*paths.options(cleanup=5) + ["--", "sh", "-c", script], timeout=120)
+    result = run_supervisor(*paths.options(cleanup=5) + ["--", "sh", "-c", script])
     assert result.returncode == 0, result.stderr
     receipt = read_receipt(paths.receipt)
     assert receipt["drained_count"] == 1100 and len(receipt["drained"]) == 1000
@@ -389,7 +405,9 @@ def test_api_errors_speak_of_arguments_and_name_the_receipt_path(tmp_path):
 
 def test_pip_install_beside_supervisord(tmp_path):
     """supervisord's module is also called supervisor: the package installs
-    the module as treereap, whose command names itself treereap."""
+    the module as treereap, whose command names itself treereap. Offline: the
+    wheel is built with the setuptools of the test environment (no build
+    isolation, no package index), then installed into a fresh venv."""
     venv = tmp_path / "venv"
     subprocess.check_call([PY, "-m", "venv", "--without-pip", str(venv)], timeout=120)
     site = subprocess.check_output([str(venv / "bin" / "python"), "-c",
@@ -403,18 +421,21 @@ def test_pip_install_beside_supervisord(tmp_path):
     for name in ("pyproject.toml", "README.md", "supervisor.py", "treereap.py"):
         subprocess.check_call(["cp", "-P", os.path.join(ROOT, name), str(source)])
     assert os.path.islink(str(source / "treereap.py"))
+    offline = ["--no-index", "--no-build-isolation", "--no-deps", "-q"]
+    subprocess.check_call([PY, "-m", "pip", "wheel"] + offline + ["-w", str(tmp_path / "dist"),
+                           str(source)], cwd=str(tmp_path), timeout=300)
+    wheels = [str(w) for w in (tmp_path / "dist").iterdir()]
     subprocess.check_call([PY, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-                           "-q", str(source)], cwd=str(tmp_path), timeout=300)
+                           "--no-index", "-q"] + wheels, cwd=str(tmp_path), timeout=300)
     help_text = subprocess.check_output([str(venv / "bin" / "treereap"), "--help"],
                                         universal_newlines=True)
     assert help_text.startswith("usage: treereap --timeout")
-    result = subprocess.run([str(venv / "bin" / "treereap"), "--bogus"], stderr=subprocess.PIPE,
-                            universal_newlines=True)
+    result = run([venv / "bin" / "treereap", "--bogus"])
     assert result.returncode == 125 and result.stderr.startswith("treereap: unknown option")
     version = subprocess.check_output([str(venv / "bin" / "python"), "-c",
                                        "import treereap; print(treereap.__version__)"],
                                       cwd=str(tmp_path), universal_newlines=True).strip()
     assert version == run_python("import supervisor; print(supervisor.__version__)").strip()
-    result = subprocess.run([str(venv / "bin" / "treereap"), "--timeout", "5", "--", "sh", "-c",
-                             "exit 7"], cwd=str(tmp_path))
+    result = run([venv / "bin" / "treereap", "--timeout", "5", "--", "sh", "-c", "exit 7"],
+                 cwd=str(tmp_path))
     assert result.returncode == 7

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from conftest import (
-    HELPERS, IS_ROOT, PY, SUPERVISOR, alive, descendants, finish, kill_pinned,
-    proc_stat, read_lines_until, read_receipt, run_supervisor, start_supervisor, start_tree,
-    supervisor_cmd, tree_cmd, wait_until,
+    HELPERS, IS_ROOT, PY, SUPERVISOR, alive, descendants, finish, kill_pinned, plain_signals,
+    proc_stat, read_lines_until, read_receipt, run, run_supervisor, spawn, start_supervisor,
+    start_tree, supervisor_cmd, tree_cmd, wait_until,
 )
 
 CATCHER = [PY, os.path.join(HELPERS, "catcher.py")]
@@ -37,12 +37,9 @@ def sig_masks(text):
 
 
 def caller(blocked=(), ignored=()):
-    """preexec_fn: the state a parent hands us (nohup, a shell, a launcher)."""
-    def prepare():
-        for sig in ignored:
-            signal.signal(sig, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-    return prepare
+    """preexec_fn: the state a parent hands us (nohup, a shell, a launcher),
+    on top of a known one (whatever pytest was started with is reset)."""
+    return plain_signals(blocked=blocked, ignored=ignored)
 
 
 # --- 1. Inherited signal state ------------------------------------------------------------------
@@ -73,12 +70,29 @@ def test_blocked_and_ignored_sigchld_in_the_caller_do_not_break_waits(paths):
     assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
 
 
+def until_go(status):
+    """A command that says "started", then exits with status once the test
+    creates the file `go` in the workdir: the run lasts until the test is done
+    with it, however slow the machine."""
+    return ["sh", "-c", "echo started; while [ ! -e go ]; do sleep 0.01; done; exit %d" % status]
+
+
+def ignores(pid, sig):
+    """Is sig ignored by pid (SigIgn of /proc/PID/status)? The kernel drops an
+    ignored signal when it is sent: once kill() returns, nothing is pending."""
+    with open("/proc/%d/status" % pid) as f:
+        masks = sig_masks("".join(line for line in f if line.startswith("SigIgn")))
+    return bool(masks["SigIgn"] & mask_of(sig))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
 def test_a_stop_signal_ignored_by_the_caller_stays_ignored(paths, sig):
-    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; sleep 0.5; exit 9"],
+    proc = start_supervisor(*paths.options() + ["--"] + until_go(9),
                             preexec_fn=caller(ignored=(sig,)))
     read_lines_until(proc.stdout, "started")
+    assert ignores(proc.pid, sig)
     proc.send_signal(sig)
+    (paths.work / "go").write_text("")
     status, _, err = finish(proc)
     assert status == 9, err
     assert read_receipt(paths.receipt)["stop_reason"] == "exit"
@@ -130,9 +144,11 @@ def test_usr1_usr2_winch_are_forwarded_to_the_group(paths, sig):
 
 
 def test_sigpipe_to_the_supervisor_is_ignored(paths):
-    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", "echo started; sleep 0.5; exit 2"])
+    proc = start_supervisor(*paths.options() + ["--"] + until_go(2))
     read_lines_until(proc.stdout, "started")
+    assert ignores(proc.pid, signal.SIGPIPE)
     proc.send_signal(signal.SIGPIPE)
+    (paths.work / "go").write_text("")
     status, _, err = finish(proc)
     assert status == 2, err
 
@@ -172,7 +188,8 @@ def test_a_stop_signal_after_a_natural_exit_only_hurries_the_drain(paths):
 def test_sigtstp_suspends_the_run_and_sigcont_resumes_it(paths):
     # A process group of its own, below pytest: never orphaned, whatever group
     # pytest runs in (the kernel drops SIGTSTP in an orphaned group).
-    proc = start_supervisor(*paths.options() + ["--"] + CATCHER, preexec_fn=lambda: os.setpgid(0, 0))
+    proc = start_supervisor(*paths.options() + ["--"] + CATCHER, 
+                            preexec_fn=plain_signals(then=lambda: os.setpgid(0, 0)))
     read_lines_until(proc.stdout, "ready")
     command = [p for p in descendants(proc.pid) if proc_stat(p)[1] == proc.pid][0]
     proc.send_signal(signal.SIGTSTP)
@@ -197,7 +214,7 @@ def spawn_in_pty(argv):
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,
-                            preexec_fn=take_terminal, close_fds=True)
+                            preexec_fn=plain_signals(then=take_terminal), close_fds=True)
     os.close(slave)
     return proc, master
 
@@ -286,17 +303,24 @@ def test_ctrl_z_suspends_the_run_and_fg_resumes_it(paths):
 def test_as_pid_1_of_a_pid_namespace(paths):
     if not IS_ROOT:
         pytest.skip("needs root for unshare --pid")
-    script = ("(sleep 0.1 &); (sleep 0.1 &); setsid sh -c 'sleep 300' & "
-              "sleep 0.5; echo started; exec sleep 30")
-    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc"]
-                            + supervisor_cmd(*paths.options() + ["--", "sh", "-c", script]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    read_lines_until(proc.stdout, "started")
+    script = ("(sleep 0.1 & echo orphan $!); (sleep 0.1 & echo orphan $!); "
+              "setsid sh -c 'sleep 300' & echo started; exec sleep 30")
+    proc = spawn(["unshare", "--pid", "--fork", "--mount-proc"]
+                 + supervisor_cmd(*paths.options() + ["--", "sh", "-c", script]))
+    lines = read_lines_until(proc.stdout, "started")
     supervisor = descendants(proc.pid)
     tree = dict((p, proc_stat(p)) for p in supervisor)
     pid1 = [p for p, s in tree.items() if s and s[1] == proc.pid][0]
-    zombies = [p for p in descendants(pid1) if (proc_stat(p) or "Z")[0] == "Z"]
-    assert zombies == []  # the short-lived orphans were reaped
+    # The short-lived orphans (pids as the namespace sees them) exit and are
+    # reaped by PID 1: gone from its list of children.
+    orphans = [line.split()[1] for line in lines if line.startswith("orphan")]
+    assert len(orphans) == 2
+
+    def reaped():
+        with open("/proc/%d/task/%d/children" % (pid1, pid1)) as f:
+            children = f.read().split()
+        return not any((proc_stat(int(p)) or ("Z",))[0] == "Z" for p in children)
+    assert wait_until(reaped)
     os.kill(pid1, signal.SIGTERM)  # PID 1 has no default actions: ours must work
     status, _, err = finish(proc)
     assert status == 143, err
@@ -308,17 +332,18 @@ def test_as_pid_1_of_a_pid_namespace(paths):
 
 # --- 6. Odd parents ----------------------------------------------------------------------------
 
-def test_nested_supervisors_an_outer_deadline_stops_the_inner_cleanly(paths, tmp_path):
+def test_nested_supervisors_an_outer_stop_stops_the_inner_cleanly(paths, tmp_path):
     inner_receipt = tmp_path / "inner.json"
     inner = supervisor_cmd("--timeout", 60, "--cleanup-timeout", 1, "--receipt", inner_receipt,
                            "--workdir", paths.work, "--", *tree_cmd(
                                {"name": "cmd", "children": [{"name": "tool", "session": True}]}))
-    proc = start_supervisor(*paths.options(timeout=2, cleanup=5) + ["--"] + inner)
+    proc = start_supervisor(*paths.options(cleanup=5, stop=True) + ["--"] + inner)
     lines = read_lines_until(proc.stdout, "READY")
+    paths.stop.write_text("")
     status, _, err = finish(proc)
     assert status == 124, err
     outer, inner = read_receipt(paths.receipt), read_receipt(inner_receipt)
-    assert outer["cleanup_confirmed"] is True and outer["stop_reason"] == "timeout"
+    assert outer["cleanup_confirmed"] is True and outer["stop_reason"] == "stop_file"
     assert inner["cleanup_confirmed"] is True and inner["signal"] == "SIGTERM"
     assert outer["return_code"] == 143  # the inner one exited, it was not killed
     pids = [int(line.split()[2]) for line in lines if line.startswith("NODE")]
@@ -331,8 +356,9 @@ def test_nested_supervisors_the_outer_drains_what_a_killed_inner_left(paths, tmp
     inner = supervisor_cmd("--timeout", 60, "--cleanup-timeout", 30, "--receipt",
                            tmp_path / "inner.json", "--workdir", paths.work, "--",
                            *tree_cmd(spec))
-    proc = start_supervisor(*paths.options(timeout=2, cleanup=0.5) + ["--"] + inner)
+    proc = start_supervisor(*paths.options(cleanup=0.5, stop=True) + ["--"] + inner)
     lines = read_lines_until(proc.stdout, "READY")
+    paths.stop.write_text("")
     status, _, err = finish(proc)
     assert status == 124, err
     outer = read_receipt(paths.receipt)
@@ -404,8 +430,7 @@ def test_children_inherited_from_before_exec_are_never_touched(paths):
     inner = " ".join(supervisor_cmd(*paths.options(timeout=10) + [
         "--", "sh", "-c", "'sleep 0.2; exit 0'"]))
     script = "sleep 300 >/dev/null 2>&1 & echo inherited=$!; sleep 0.05 & exec %s" % inner
-    result = subprocess.run(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            universal_newlines=True, timeout=60)
+    result = run(["sh", "-c", script])
     inherited = int(result.stdout.split("=")[1])
     try:
         assert result.returncode == 0, result.stderr  # the quick inherited child's exit is not ours
@@ -413,8 +438,7 @@ def test_children_inherited_from_before_exec_are_never_touched(paths):
         assert read_receipt(paths.receipt)["preserved"] == []
         forced = "sleep 300 >/dev/null 2>&1 & echo inherited=$!; exec %s" % " ".join(supervisor_cmd(
             *paths.options(timeout=0.3) + ["--", "sleep", "30"]))
-        result = subprocess.run(["sh", "-c", forced], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+        result = run(["sh", "-c", forced])
         second = int(result.stdout.split("=")[1])
         assert result.returncode == 124 and alive(second)
         receipt = read_receipt(paths.receipt)
@@ -441,12 +465,14 @@ def test_closed_stdio_is_passed_on_closed_and_does_not_stop_the_run(paths):
             os.close(fd)
 
     result = subprocess.run(supervisor_cmd(*paths.options() + ["--", PY, "-c", probe]),
-                            preexec_fn=close_stdio, timeout=60)
+                            preexec_fn=plain_signals(then=close_stdio),
+                            timeout=120)
     assert result.returncode == 0
     assert (paths.work / "fds").read_text() == "closed closed closed"
     assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
     result = subprocess.run(supervisor_cmd(*paths.options(timeout=0.3) + ["--", "nope-not-here"]),
-                            preexec_fn=close_stdio, timeout=60)
+                            preexec_fn=plain_signals(then=close_stdio),
+                            timeout=120)
     assert result.returncode == 127
 
 

@@ -1,7 +1,7 @@
 """Processes that keep replacing themselves, bounded by construction.
 
     python respawner.py tree DEPTH INTERVAL GENERATIONS
-    python respawner.py daemon INTERVAL GENERATIONS
+    python respawner.py daemon INTERVAL GENERATIONS [HOLD]
 
 tree: a binary tree of 2**DEPTH - 1 processes, each in a session of its own;
 once all are up the root prints "READY", and each leaf then replaces itself
@@ -9,9 +9,17 @@ every INTERVAL seconds (it forks its successor and exits), at most
 GENERATIONS times. Live processes: always 2**DEPTH - 1 at most.
 
 daemon: the command forks a daemon in a session of its own, prints "READY",
-and ignores SIGTERM; the daemon re-forks every INTERVAL seconds (the parent
-exits, the child goes on) at most GENERATIONS times, so each generation is
-adopted by the nearest subreaper and exits there as a zombie to reap.
+and reports "TERM" for each SIGTERM it gets, living on; the daemon ignores
+SIGTERM and re-forks
+every INTERVAL seconds (the parent exits, the child goes on) at most
+GENERATIONS times, so each generation is adopted by the nearest subreaper and
+exits there as a zombie to reap. While a file HOLD exists, the daemon waits
+before its next fork (it holds still: a test can then count what is left).
+
+Every exit leaves a zombie for the nearest subreaper; one that loses the
+race for the CPU lets them pile up. So that a storm can never fill the PID
+space of the host (and make a fork elsewhere fail), a process about to fork
+first waits while the host has more than MAX_TASKS tasks (/proc/loadavg).
 
 Stdlib only, Python 3.6+.
 """
@@ -20,12 +28,21 @@ import signal
 import sys
 import time
 
+MAX_TASKS = 12000
 
-def replace_itself(interval, generations):
+
+def host_tasks():
+    with open("/proc/loadavg", "rb") as f:
+        return int(f.read().split()[3].split(b"/")[1])
+
+
+def replace_itself(interval, generations, hold=None):
     """Fork a successor and exit, again and again: every exit leaves the
     successor an orphan for the nearest subreaper, and a zombie behind."""
     for _ in range(generations):
         time.sleep(interval)
+        while host_tasks() > MAX_TASKS or (hold is not None and os.path.exists(hold)):
+            time.sleep(0.01)
         if os.fork():
             os._exit(0)
     os._exit(0)
@@ -60,15 +77,18 @@ def main(argv):
             if not chunk:
                 break
             got += len(chunk)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         os.write(1, b"READY %d\n" % got)
     else:
         interval, generations = float(argv[2]), int(argv[3])
+        hold = os.path.abspath(argv[4]) if len(argv) > 4 else None
+        signal.signal(signal.SIGTERM, lambda signum, frame: os.write(1, b"TERM\n"))
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the first daemon never lingers
         if os.fork() == 0:
             os.setsid()
-            replace_itself(interval, generations)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # it floods through the grace
+            replace_itself(interval, generations, hold)
         os.write(1, b"READY\n")
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     while True:
         signal.pause()
 
