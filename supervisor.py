@@ -41,12 +41,13 @@ try:
 except ImportError:  # every CPython 3.6 to 3.13 has it
     import signal
 
-__version__ = "1.1.0"
+__version__ = "2.0.0"
 __all__ = [
-    "CLEANUP_PHASE_COUNT", "DEFAULT_CLEANUP_TIMEOUT", "EXEC_TIMEOUT_SLACK", "EXIT_CANNOT_EXECUTE",
-    "EXIT_FAILURE", "EXIT_NOT_FOUND", "EXIT_TIMED_OUT", "RECEIPT_SCHEMA_VERSION", "STATES",
-    "CleanupReceipt", "ObservationError", "SupervisorError", "UsageError", "exec_timeout",
-    "main", "parse_duration", "supervise", "write_receipt",
+    "CLEANUP_PHASE_COUNT", "CONTAINMENTS", "DEFAULT_CLEANUP_TIMEOUT", "EXEC_TIMEOUT_SLACK",
+    "EXIT_CANNOT_EXECUTE", "EXIT_FAILURE", "EXIT_KILLED", "EXIT_NOT_FOUND", "EXIT_TIMED_OUT",
+    "POLICIES", "RECEIPT_SCHEMA_VERSION", "STATES", "CleanupReceipt", "ObservationError",
+    "SupervisorError", "UsageError", "end_kept", "exec_timeout", "main", "parse_duration",
+    "supervise", "write_receipt",
 ]
 
 # --- Constants -----------------------------------------------------------------
@@ -65,7 +66,7 @@ _FINISH_LIMIT = 0.5
 # The same stop signal again within this is the same request.
 _STOP_BURST = 0.25
 # Passes over our own children that a kill walk makes first (see
-# _ProcTree._stop_own_children).
+# _ProcContainment._stop_own_children).
 _STOP_PASSES = 8
 # Once the command's zombie hides the others from waitid(), they are reaped
 # by the list of our children, a syscall each: at most this often.
@@ -81,14 +82,38 @@ _UNSETTLED_RETRY = 0.002
 # A drain round waits this long at most for what it killed before it walks the
 # tree again, so a process stuck in D state cannot hide new adoptions.
 _DRAIN_ROUND_LIMIT = 0.05
-RECEIPT_SCHEMA_VERSION = 2
-# The receipt lists at most this many drained processes (drained_count has all).
+RECEIPT_SCHEMA_VERSION = 3
+# The receipt lists at most this many drained processes (drained_count has
+# all), and as many survivors (survivors_count); an argv is cut at _ARGV_LIMIT
+# bytes, and a receipt that would pass _RECEIPT_LIMIT bytes drops entries from
+# its longest lists (counted in `omitted`), so that writing it stays a small
+# part of exec_timeout()'s slack whatever the command did.
 _DRAINED_LIMIT = 1000
+_SURVIVORS_LIMIT = 1000
+_ARGV_LIMIT = 4096
+_RECEIPT_LIMIT = 1 << 20
+# A census of what is alive, for `survivors` when the run is not confirmed.
+_CENSUS_LIMIT = 0.5
+# Signals left pending for a finished run that supervise() discards before
+# it gives the caller's handlers back.
+_DISCARD_LIMIT = 100000
+# In scan mode (no children files) the reaper reuses a scan this old.
+_SCAN_REUSE = 0.5
 
 EXIT_TIMED_OUT = 124
 EXIT_FAILURE = 125
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
+# As timeout(1): a forced stop whose command had to be SIGKILLed.
+EXIT_KILLED = 128 + 9
+
+# What a run keeps running when it ends: the drain policies.
+POLICIES = ("drain-all", "preserve-descendants-on-success", "keep-services")
+# What a containment is asked to keep out of the drain (see _keep_what()).
+_KEEP_NOTHING, _KEEP_DETACHED, _KEEP_OUTSIDE_GROUP, _KEEP_EVERYTHING = (
+    "nothing", "detached", "outside group", "everything")
+# How the run is held: --containment.
+CONTAINMENTS = ("auto", "cgroup", "proc")
 
 # The states of a run, in order; the last three are the timed cleanup steps.
 STATES = ("starting", "running", "terminating", "killing", "draining", "done")
@@ -102,6 +127,9 @@ _GROUP, _RUN = "group", "run"
 _STOP_FILE_SAFETY_INTERVAL = 2.0
 # Where inotify cannot see (network and FUSE filesystems, no inotify at all).
 _STOP_FILE_POLL_INTERVAL = 0.05
+# cgroup.freeze takes effect when every task has stopped in the kernel; a
+# task in D state delays it: the look waits this long at most, then goes on.
+_FREEZE_LIMIT = 0.5
 # Waiting for a process the kernel cannot wake us for (no pidfd): 1 ms doubling.
 _EXIT_POLL_FIRST, _EXIT_POLL_MAX = 0.001, 0.1
 # select() keeps deadlines to the microsecond but only for fds below
@@ -153,15 +181,17 @@ _DEFAULTED_FOR_COMMAND = (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _PROC_SUPER_MAGIC = 0x9FA0
+_CGROUP2_SUPER_MAGIC = 0x63677270
 _CAP_SETGID, _CAP_SETUID, _CAP_SYS_PTRACE, _CAP_SYS_NICE = 6, 7, 19, 23
-# The autogroup priority a cleanup takes: its session's, shared with every
-# supervisor in that session, so this value also marks it as taken by one.
-_CLEANUP_AUTOGROUP_NICE = -19
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 # The generic syscall table numbers them alike on every architecture but alpha.
 _SYS_PIDFD_SEND_SIGNAL = 424
 _SYS_PIDFD_OPEN = 434
+_SYS_OPENAT2 = 437
+# openat2() RESOLVE_NO_XDEV: the path may cross no mount point, so a mount the
+# command made inside /proc (or inside the run's cgroup) is refused, not read.
+_RESOLVE_NO_XDEV = 0x01
 
 # Filesystems whose remote changes inotify never reports (statfs f_type).
 _INOTIFY_BLIND_FILESYSTEMS = frozenset((
@@ -307,6 +337,28 @@ def _pidfd_send_signal(fd, sig):
         _libc().call("syscall", _SYS_PIDFD_SEND_SIGNAL, fd, sig, None, 0)
 
 
+def _openat2(dir_fd, path, flags, resolve):
+    """openat2(2): open path below dir_fd under the RESOLVE_* rules. OSError
+    as os.open raises it; ENOSYS before Linux 5.6, EPERM under some seccomp
+    filters."""
+    libc = _libc()
+    how = (libc.ctypes.c_uint64 * 3)(flags, 0, resolve)  # struct open_how
+    fd = libc.lib.syscall(_SYS_OPENAT2, dir_fd, os.fsencode(path), how, 24)
+    if fd < 0:
+        code = libc.ctypes.get_errno()
+        raise OSError(code, os.strerror(code), path)
+    return fd
+
+
+def _give_memory_back():
+    """malloc_trim(0): compiling this file leaves the allocator ~5 MiB of
+    garbage it keeps; glibc gives it back to the system. Nothing elsewhere."""
+    try:
+        _libc().lib.malloc_trim(0)
+    except (AttributeError, OSError):
+        pass  # not glibc (musl has no malloc_trim)
+
+
 def _quietly_signal(pid, sig, group=False):
     """kill or killpg, for a pid or group id we hold: an unreaped child of
     ours, or the group its leader keeps reserved. Gone, or members we may not
@@ -330,20 +382,36 @@ def _high_fd(fd):
 
 
 def _readable(fd):
-    return bool(_wait_readable([fd], 0))
+    return bool(_wait_ready([fd], (), 0))
 
 
-def _wait_readable(fds, seconds):
-    """The fds that became readable within `seconds`. select() keeps the
-    deadline to the microsecond; poll() (whole milliseconds, rounded up, so
-    up to 1 ms late) serves fds above select's limit and waits beyond a day."""
+def _wait_ready(fds, priority_fds, seconds):
+    """The fds that became ready within `seconds`: readable, or for
+    priority_fds (cgroup.events: kernfs files always read as readable) a
+    change notified as POLLPRI. select() keeps the deadline to the
+    microsecond; poll() (whole milliseconds, rounded up, so up to 1 ms late;
+    0 stays 0) serves fds above select's limit and waits beyond a day."""
     seconds = max(seconds, 0.0)
-    if max(fds) < _SELECT_FD_LIMIT and seconds < _MAX_SELECT_SECONDS:
-        return select.select(fds, (), (), seconds)[0]
+    every = list(fds) + list(priority_fds)
+    if max(every) < _SELECT_FD_LIMIT and seconds < _MAX_SELECT_SECONDS:
+        readable, _, changed = select.select(fds, (), priority_fds, seconds)
+        return readable + changed
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)
-    return [fd for fd, _ in poller.poll(min(_MAX_POLL_MS, int(seconds * 1000) + 1))]
+    for fd in priority_fds:
+        poller.register(fd, select.POLLPRI)
+    timeout = 0 if seconds == 0 else min(_MAX_POLL_MS, int(seconds * 1000) + 1)
+    return [fd for fd, _ in poller.poll(timeout)]
+
+
+def _exited_pidfds(fds):
+    """Those of fds (pidfds) whose process has exited, by one poll() for all:
+    after a stop signal most have, and one select() each would cost ms."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return set(fd for fd, _ in poller.poll(0))
 
 
 def _discard_pending(fd):
@@ -462,10 +530,27 @@ class _Proc(object):
         return (self.pid, self.start)
 
 
+class _Argv(object):
+    """A process's argv as the receipt shows it: a list of str, cut at
+    _ARGV_LIMIT bytes (truncated), or None when it was not read: reading it
+    takes the process's memory-map lock, which a process in state D (a hung
+    NFS or FUSE mount) may hold for good."""
+    __slots__ = ("words", "truncated")
+
+    def __init__(self, words, truncated=False):
+        self.words, self.truncated = words, truncated
+
+
+_UNREAD = _Argv(None)
+
+
 class _ProcFS(object):
     """/proc, opened once and read relative to that descriptor, so that a
-    mount over /proc during the run changes nothing. Only ENOENT and ESRCH
-    mean a process is gone; any other error raises ObservationError."""
+    mount over /proc during the run changes nothing, and never through a
+    mount made inside it (openat2 RESOLVE_NO_XDEV, or else a device check):
+    a root command that bind-mounts a file over /proc/PID/stat makes the
+    look fail, never lie. Only ENOENT and ESRCH mean a process is gone; any
+    other error raises ObservationError."""
 
     def __init__(self):
         try:
@@ -473,7 +558,9 @@ class _ProcFS(object):
         except OSError as e:
             raise SupervisorError("/proc: %s; mount it (mount -t proc proc /proc)" % e.strerror)
         try:
+            self.device = os.fstat(self.fd).st_dev
             self._check_procfs()
+            self.openat2 = self._has_openat2()
             self._check_namespace()
             self._check_visibility()
         except BaseException:
@@ -493,6 +580,14 @@ class _ProcFS(object):
             raise SupervisorError("/proc is not procfs (filesystem type 0x%x); mount it "
                                   "(mount -t proc proc /proc)" % kind)
 
+    def _has_openat2(self):
+        """openat2() exists here (Linux 5.6+, and no seccomp filter refuses it)."""
+        try:
+            os.close(_openat2(self.fd, "self/stat", os.O_RDONLY | os.O_CLOEXEC, _RESOLVE_NO_XDEV))
+            return True
+        except OSError:
+            return False
+
     def _check_visibility(self):
         """hidepid hides other users' processes from a supervisor that may not
         ptrace them: it would never see them to drain them. (subset=pid hides
@@ -510,15 +605,21 @@ class _ProcFS(object):
             "this supervisor; mount it without hidepid, or run the supervisor as root"
             % hidden)
 
-    def _mount_options(self):
-        """The super options of the mount our /proc descriptor is on (mountinfo)."""
-        st = os.fstat(self.fd)
-        device = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
-        options = {}
+    def mountinfo(self):
+        """[(fields before ' - ', fields after)] of our mount namespace."""
+        table = []
         for line in (self.read("self/mountinfo") or b"").decode("utf-8", "replace").splitlines():
-            fields = line.split(" - ")
-            if len(fields) == 2 and line.split()[2] == device:
-                for option in fields[1].split()[-1].split(","):
+            before, _, after = line.partition(" - ")
+            table.append((before.split(), after.split()))
+        return table
+
+    def _mount_options(self):
+        """The super options of the mount our /proc descriptor is on."""
+        device = "%d:%d" % (os.major(self.device), os.minor(self.device))
+        options = {}
+        for before, after in self.mountinfo():
+            if len(before) > 2 and before[2] == device and after:
+                for option in after[-1].split(","):
                     name, _, value = option.partition("=")
                     options[name] = value
         return options
@@ -533,24 +634,32 @@ class _ProcFS(object):
             raise SupervisorError("/proc belongs to another PID namespace; mount this one's "
                                   "(unshare --mount-proc, or mount -t proc proc /proc)")
 
-    def read(self, path, one_record=False, first_page=False, endtime=None):
+    def open(self, path, flags=os.O_RDONLY):
+        """A descriptor on /proc/path, opened without crossing a mount."""
+        return _open_beneath(self.fd, self.device, self.openat2, path, flags, "/proc")
+
+    def read(self, path, one_record=False, first_page=False, endtime=None, limit=None):
         """The bytes of /proc/path, or None when what it describes is gone.
         Read to EOF: a seq_file answers a read with at most a page of whole
         records, so a short read is not the end (a list of 700 children is
         two pages). one_record: a file whose short read is its end (stat,
         one record; cmdline, no seq_file), read once unless it fills 4 KiB.
         first_page: only what one read gives (a seq_file's first records).
-        endtime: no page more once it has passed (the caller is out of time)."""
+        endtime: no page more once it has passed (the caller is out of time).
+        limit: no more than that many bytes."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
+            fd = self.open(path)
         except OSError as e:
             return self._gone_or_raise(e, path)
         try:
             chunks = [os.read(fd, 4096)]
+            total = len(chunks[0])
             while (not first_page and chunks[-1]
                    and (not one_record or len(chunks[-1]) == 4096)
-                   and (endtime is None or _now() < endtime)):
+                   and (endtime is None or _now() < endtime)
+                   and (limit is None or total < limit)):
                 chunks.append(os.read(fd, 65536))
+                total += len(chunks[-1])
             return b"".join(chunks)
         except OSError as e:
             return self._gone_or_raise(e, path)
@@ -561,6 +670,9 @@ class _ProcFS(object):
     def _gone_or_raise(e, path):
         if e.errno in (errno.ENOENT, errno.ESRCH):
             return None
+        if e.errno == errno.EXDEV:
+            raise ObservationError("/proc/%s is covered by a mount made inside /proc; nothing "
+                                   "read through it can be trusted" % path)
         raise ObservationError("cannot read /proc/%s: %s" % (path, _os_error_text(e)))
 
     def stat(self, pid):
@@ -584,65 +696,84 @@ class _ProcFS(object):
                 found.extend(int(word) for word in data.split())
         return found
 
-    def threads_of(self, pid):
-        path = "%d/task" % pid
+    def listing(self, path):
+        """The names in the directory /proc/path, or None when it is gone."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
+            fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as e:
-            return self._gone_or_raise(e, path) or []
+            return self._gone_or_raise(e, path)
         try:
-            return [int(tid) for tid in os.listdir(fd)]
+            return os.listdir(fd)
         except OSError as e:
-            return self._gone_or_raise(e, path) or []
+            return self._gone_or_raise(e, path)
         finally:
             os.close(fd)
 
+    def threads_of(self, pid):
+        return [int(tid) for tid in self.listing("%d/task" % pid) or ()]
+
     def scan(self):
         """Every process in this PID namespace: {pid: _Proc}. Costs ~9 us a process."""
-        try:
-            names = os.listdir(self.fd)
-        except OSError as e:
-            raise ObservationError("cannot list /proc: %s" % e.strerror)
         procs = {}
-        for name in names:
+        for name in self.listing(".") or ():
             if name.isdigit():
                 proc = self.stat(int(name))
                 if proc is not None:
                     procs[proc.pid] = proc
         return procs
 
-    def autogroup_nice(self):
-        """The nice value of our session's autogroup, or None (no autogroups)."""
-        data = self.read("self/autogroup")
-        return int(data.split()[-1]) if data else None
+    def owner(self, pid):
+        """The effective uid pid runs as (the owner of /proc/PID), or None."""
+        try:
+            return os.stat(str(pid), dir_fd=self.fd, follow_symlinks=False).st_uid
+        except OSError as e:
+            return self._gone_or_raise(e, str(pid))
 
-    def open_autogroup(self):
-        """Held open while it matters: giving the priority back must not need
-        a descriptor that a starved supervisor may not get."""
-        return _high_fd(os.open("self/autogroup", os.O_WRONLY | os.O_CLOEXEC, dir_fd=self.fd))
+    def cgroup_of(self, pid):
+        """pid's cgroup v2 path ('0::' in /proc/PID/cgroup), or None when gone."""
+        data = self.read("%d/cgroup" % pid)
+        if data is None:
+            return None
+        for line in data.decode("utf-8", "replace").splitlines():
+            if line.startswith("0::"):
+                return line[3:]
+        return ""
 
     def open_fd_count(self):
-        try:
-            fd = os.open("self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
-            try:
-                return len(os.listdir(fd))
-            finally:
-                os.close(fd)
-        except OSError as e:
-            raise ObservationError("cannot list /proc/self/fd: %s" % e.strerror)
+        names = self.listing("self/fd")
+        if names is None:
+            raise ObservationError("cannot list /proc/self/fd")
+        return len(names)
 
-    def cmdline(self, pid):
-        """argv of pid as a list of str; its name in brackets when it has no
-        argv (a zombie), as ps shows it; [] when it is gone or unreadable:
-        a name is for people, never evidence."""
+    def argv(self, proc):
+        """proc's argv (see _Argv); its name in brackets when it has none (a
+        zombie), as ps shows it; [] when it is gone or unreadable: a name is
+        for people, never evidence."""
         try:
-            argv = self.read("%d/cmdline" % pid, one_record=True)
-            if argv:
-                return [arg.decode("utf-8", "replace") for arg in argv.rstrip(b"\0").split(b"\0")]
-            name = (self.read("%d/comm" % pid) or b"").strip()
+            if self._may_hang(proc):
+                return _UNREAD
+            data = self.read("%d/cmdline" % proc.pid, one_record=True, limit=_ARGV_LIMIT + 1)
+            if data:
+                truncated = len(data) > _ARGV_LIMIT
+                words = data[:_ARGV_LIMIT].rstrip(b"\0").split(b"\0")
+                return _Argv([w.decode("utf-8", "replace") for w in words], truncated)
+            name = (self.read("%d/comm" % proc.pid) or b"").strip()
         except ObservationError:
-            return []
-        return ["[%s]" % name.decode("utf-8", "replace")] if name else []
+            return _Argv([])
+        return _Argv(["[%s]" % name.decode("utf-8", "replace")] if name else [])
+
+    def _may_hang(self, proc):
+        """Could reading proc's cmdline block? When one of its threads is in D
+        state it may hold (or wait for) the lock that read takes."""
+        if proc.state == "D":
+            return True
+        if proc.threads == 1:
+            return False
+        for tid in self.threads_of(proc.pid):
+            data = self.read("%d/task/%d/stat" % (proc.pid, tid), one_record=True) or b""
+            if data[data.rfind(b")") + 2:][:1] == b"D":
+                return True
+        return False
 
     def close(self):
         if self.fd is not None:
@@ -650,7 +781,295 @@ class _ProcFS(object):
             self.fd = None
 
 
-# --- Containment: the run's processes ----------------------------------------------------
+def _open_beneath(dir_fd, device, openat2, path, flags, shown):
+    """Open path below dir_fd without crossing a mount: openat2 with
+    RESOLVE_NO_XDEV (EXDEV otherwise), or, without openat2, open it and
+    refuse a file on another device (a bind mount from elsewhere; one of the
+    same filesystem, which this cannot see, needs openat2)."""
+    flags |= os.O_CLOEXEC
+    if openat2:
+        return _openat2(dir_fd, path, flags, _RESOLVE_NO_XDEV)
+    fd = os.open(path, flags, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if st.st_dev != device:
+        os.close(fd)
+        raise OSError(errno.EXDEV, "%s/%s is on another filesystem" % (shown, path), path)
+    return fd
+# --- Beside the containment: our children, the caller's jobs, descriptors, the record ---
+
+class _Children(object):
+    """Our own children, as the kernel lists them: the children files of our
+    threads, or, where the kernel has none, one scan of every process. The
+    reaper's lists in scan mode reuse a scan up to _SCAN_REUSE old, so that
+    reaping never rescans /proc each time (5,000 processes cost ~45 ms)."""
+
+    def __init__(self, fs, scan):
+        self.fs, self.scan, self.me = fs, scan, os.getpid()
+        self.scanned, self.scanned_at = [], None
+
+    def all(self, endtime=None):
+        """Our children; past `endtime` perhaps only some (see _ProcFS.read)."""
+        if self.scan:
+            return self.note_scan(self.fs.scan())
+        found = []
+        for tid in self.fs.threads_of(self.me):
+            data = self.fs.read("%d/task/%d/children" % (self.me, tid), endtime=endtime)
+            if data is None:
+                raise ObservationError("cannot read our own children in /proc")
+            found.extend(int(word) for word in data.split())
+        return found
+
+    def oldest(self):
+        """The first page of our list of children (~600), one read however
+        long the list is. Adoption appends to it, so the processes adopted
+        first, and dead first, are there. A whole list costs a pass over it
+        each page, and under a fork storm every entry waits for the task-list
+        lock: 30,000 zombies took 3 s to list (one page: milliseconds)."""
+        if self.scan:
+            if self.scanned_at is not None and _now() - self.scanned_at < _SCAN_REUSE:
+                return self.scanned
+            return self.all()
+        data = self.fs.read("%d/task/%d/children" % (self.me, self.me), first_page=True)
+        if data is None:
+            raise ObservationError("cannot read our own children in /proc")
+        return [int(word) for word in data.split()]
+
+    def note_scan(self, procs):
+        """A scan someone made (a look at the run): our children in it, kept."""
+        self.scanned = [p.pid for p in procs.values() if p.ppid == self.me]
+        self.scanned_at = _now()
+        return self.scanned
+
+    def live(self, endtime=None, reaper=None):
+        """Our live children now: each still our child (the reaper may have
+        run since the list was read, and a pid it freed can be another
+        process's by now)."""
+        found = []
+        for pid in self.all(endtime):
+            if endtime is not None and _now() >= endtime:
+                break
+            if reaper is not None:
+                reaper.reap_when_due()
+            proc = self.fs.stat(pid)
+            if proc is not None and proc.live and proc.ppid == self.me:
+                found.append(proc)
+        return found
+
+
+class _CallersJobs(object):
+    """What the caller had before the command: its children (a shell's jobs,
+    before its exec) and their descendants at that moment, and whatever is
+    later adopted in their process groups. Never signalled, never kept, and
+    our own children among them never reaped (an API caller waits for them;
+    unreaped, each pid stays theirs)."""
+
+    def __init__(self):
+        self.processes = set()      # identities at start
+        self.groups = set()         # their process groups: the caller's jobs
+        self.children = set()       # pids of our children at start: never reaped
+        self.unattributed = {}      # identity -> _Proc adopted in those groups
+
+    def note(self, fs, children):
+        """waitid() first, so that the usual case (no children) costs no look."""
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WSTOPPED | os.WCONTINUED
+                      | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        self.children = set(children.all())
+        todo = [p for p in (fs.stat(pid) for pid in self.children) if p is not None]
+        self.groups = set(p.pgid for p in todo)
+        index = None
+        if children.scan:  # one scan for the whole tree
+            index = {}
+            for proc in fs.scan().values():
+                index.setdefault(proc.ppid, []).append(proc.pid)
+        while todo:
+            proc = todo.pop()
+            self.processes.add(proc.identity)
+            kids = index.get(proc.pid, []) if index is not None else fs.children(
+                proc.pid, proc.threads)
+            todo.extend(p for p in (fs.stat(pid) for pid in kids) if p is not None)
+
+    def claims(self, proc, in_group):
+        """For our own children: the caller's (known at start), or adopted
+        since in one of the caller's jobs' groups, which a process of the run
+        can join too (or a reused group id can match): then it is
+        unattributed, left alone, and it keeps the run from being confirmed."""
+        if proc.identity in self.processes or proc.pid in self.children:
+            return True
+        if proc.pgid in self.groups and not in_group:
+            self.unattributed[proc.identity] = proc
+            return True
+        return False
+
+    def spared(self):
+        return set(pid for pid, _ in self.processes) | self.children
+
+
+class _Reaper(object):
+    """The one rule of reaping: an exited child of ours, but never the command
+    before done (its zombie keeps its group id from being reused while the
+    group is signalled), nor a child the caller had before the run (the
+    caller waits for it). Runs whenever SIGCHLD wakes a wait, in every state,
+    so zombies never pile up, and during a long look (reap_when_due)."""
+
+    def __init__(self, children, callers):
+        self.children, self.callers = children, callers
+        self.command = None         # the command's pid, while it must stay unreaped
+        self.next_list_reap, self.pending, self.next_due = 0.0, False, 0.0
+
+    def reap(self, pid):
+        """Reap pid if the rule allows and it has exited. Did it?"""
+        if pid == self.command or pid in self.callers.children:
+            return False
+        try:
+            return os.waitpid(pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            return False
+
+    def reap_when_due(self):
+        """A look at a storm takes seconds, and the zombies it makes meanwhile
+        would lengthen every list we read: reap every _REAP_LIST_INTERVAL."""
+        now = _now()
+        if now >= self.next_due:
+            self.next_due = now + _REAP_LIST_INTERVAL
+            self.reap_exited()
+
+    def reap_exited(self):
+        """Every exited child the rule allows, at most _REAP_BATCH or a page of
+        our list of children a call (see below): a storm can make zombies
+        faster than a starved supervisor reaps them, and the caller's
+        deadlines must be looked at in between; `pending` brings _wait()
+        straight back for the rest."""
+        self.pending = False  # until this call finds that more is to be done
+        end = _now() + _REAP_SLICE
+        for _ in range(_REAP_BATCH):
+            if _now() >= end:
+                break
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            if self.reap(info.si_pid):
+                continue
+            # The command's zombie (or the caller's) is the one waitid() shows,
+            # and it hides the others behind it: reap them by pid, from the
+            # oldest of our children, where those that died first are. That
+            # costs a syscall a child, so at most every _REAP_LIST_INTERVAL
+            # while it finds some; _wait() wakes up for the next round.
+            now = _now()
+            if now < self.next_list_reap:
+                self.pending = True
+                return
+            oldest = self.children.oldest()
+            reaped = [pid for pid in oldest if self.reap(pid)]
+            if not reaped and len(oldest) > _REAP_BATCH:  # a page of live ones: look past it
+                reaped = [pid for pid in self.children.all(_now() + _REAP_SLICE)[len(oldest):]
+                          if self.reap(pid)]
+            self.next_list_reap, self.pending = now + _REAP_LIST_INTERVAL, bool(reaped)
+            return
+        self.pending, self.next_list_reap = True, _now()  # more to reap: right after a look
+
+
+class _FdBudget(object):
+    """Descriptors for pidfds: holding more than _PIN_FD_HEADROOM at once first
+    lifts our soft RLIMIT_NOFILE to the hard one (the command started with
+    the caller's limit; close() puts ours back), and counts what it leaves,
+    less a reserve for reading /proc and our own pipes."""
+
+    def __init__(self, fs):
+        self.fs = fs
+        self.pidfds = True          # until the kernel says otherwise
+        self.saved_limit = None
+
+    def allowed(self, wanted):
+        if wanted <= _PIN_FD_HEADROOM:
+            return wanted
+        import resource
+        self.make_room()
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return max(0, soft - self.fs.open_fd_count() - _FD_RESERVE)
+
+    def make_room(self):
+        if self.saved_limit is not None:
+            return
+        import resource
+        self.saved_limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+        hard = self.saved_limit[1]
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # a hard limit above what the kernel allows: keep ours
+
+    def pidfd(self, pid):
+        """A pidfd on pid; None where there are none or no fd is left (then
+        waiting polls /proc, and proving waits for a later look); False when
+        the process is gone."""
+        if not self.pidfds:
+            return None
+        try:
+            fd = _pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                self.make_room()
+                return None
+            raise
+        if fd is None:
+            self.pidfds = False
+        return fd
+
+    def close(self):
+        if self.saved_limit is not None:
+            import resource
+            resource.setrlimit(resource.RLIMIT_NOFILE, self.saved_limit)
+            self.saved_limit = None
+
+
+class _Record(object):
+    """What the cleanup ended, for the receipt's `drained`: from the cleanup
+    on, every live process a look finds in its scope (with its argv, read
+    then, while it has one), and those seen to exit."""
+
+    def __init__(self, fs):
+        self.fs = fs
+        self.on = False
+        self.ended = {}             # identity -> _Argv (None past _DRAINED_LIMIT)
+        self.gone = set()           # identities whose pin showed them exit
+
+    def saw(self, proc):
+        if self.on and proc.identity not in self.ended:
+            self.ended[proc.identity] = (self.fs.argv(proc) if len(self.ended) < _DRAINED_LIMIT
+                                         else None)
+
+    def exited(self, proc):
+        self.gone.add(proc.identity)
+
+    def drained(self, survivors):
+        """Those recorded that were seen to exit, or are gone now (one that
+        left the scope, below a kept service, lives on and is not listed)."""
+        left = set(p.identity for p in survivors)
+        return [(identity, argv) for identity, argv in self.ended.items()
+                if identity not in left and (identity in self.gone or not self._alive(identity))]
+
+    def _alive(self, identity):
+        """Alive, or not known to be gone: a look that fails claims nothing."""
+        try:
+            proc = self.fs.stat(identity[0])
+        except ObservationError:
+            return True
+        return proc is not None and proc.live and proc.start == identity[1]
+
+
+# --- Waiting for processes to go ------------------------------------------------------------
 
 class _Pin(object):
     """A process held for signalling or waiting: by its pidfd where the kernel
@@ -687,6 +1106,94 @@ def _close_pins(pins):
         pin.close()
 
 
+class _PinWaiter(object):
+    """Waits for pinned processes to exit, one at a time after one poll() for
+    all: a pidfd wakes the wait, a pin without one is polled (1 ms
+    doubling). What exits is noted in the record."""
+
+    def __init__(self, fs, record, pins, owned=True):
+        self.fs, self.record, self.owned = fs, record, owned
+        exited = _exited_pidfds([p.fd for p in pins if p.fd is not None]) if pins else set()
+        self.pins = []
+        for pin in pins:
+            if pin.fd in exited:
+                record.exited(pin.proc)
+            else:
+                self.pins.append(pin)
+        self.all_pins = pins
+        self.delay = _EXIT_POLL_FIRST
+
+    def done(self):
+        while self.pins and self.pins[0].exited(self.fs):
+            self.record.exited(self.pins.pop(0).proc)
+            self.delay = _EXIT_POLL_FIRST
+        return not self.pins
+
+    def wake(self):
+        """(readable fds, priority fds, when to look again without an event)."""
+        pin = self.pins[0]
+        if pin.fd is not None:
+            return (pin.fd,), (), None
+        poll_at, self.delay = _now() + self.delay, min(self.delay * 2, _EXIT_POLL_MAX)
+        return (), (), poll_at
+
+    def close(self):
+        if self.owned:
+            _close_pins(self.all_pins)
+
+
+class _EventWaiter(object):
+    """Waits for a line of cgroup.events to read a value (`populated 0`,
+    `frozen 1`): the kernel notifies each change (POLLPRI), nothing polls."""
+
+    def __init__(self, cgroup, key, value):
+        self.cgroup, self.key, self.value = cgroup, key, value
+
+    def done(self):
+        return self.cgroup.events().get(self.key) == self.value
+
+    def wake(self):
+        return (), (self.cgroup.events_fd,), None
+
+    def close(self):
+        pass
+
+
+class _BothWaiter(object):
+    """Done when both are: the run's cgroup empty and escapees gone."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def done(self):
+        return self.first.done() and self.second.done()
+
+    def wake(self):
+        return (self.first if not self.first.done() else self.second).wake()
+
+    def close(self):
+        self.first.close()
+        self.second.close()
+
+
+class _Round(object):
+    """One round of the drain: what it found alive (None: unknown), whether
+    its look was undisturbed, and what to wait on before the next."""
+
+    def __init__(self, walk, waiter):
+        self.walk, self.waiter = walk, waiter
+
+    @property
+    def clear(self):
+        """It found nothing alive, and nothing changed under it."""
+        return not self.walk.found and self.walk.stable
+
+    def close(self):
+        self.waiter.close()
+
+
+# --- Containment, by walking /proc -----------------------------------------------------------
+
 class _Walk(object):
     """The result of one look at the run: the live processes in scope
     (parents first), pins on them when asked for, every process it saw
@@ -698,25 +1205,75 @@ class _Walk(object):
         self.wait_budget = _PIN_FD_HEADROOM
 
 
-class _ProcTree(object):
-    """The run's processes, found in /proc from this process down.
+class _LiveLook(object):
+    """How a look enumerates where the kernel lists each thread's children
+    (CONFIG_PROC_CHILDREN): every list is read from /proc as the walk
+    reaches it, and a process whose list was read must still be alive
+    after the read (_still_there)."""
+    snapshot = False
 
-    This is the containment seam: what a stop needs from whatever holds the
-    run. A cgroup v2 containment would offer the same methods (README,
-    Development):
+    def __init__(self, fs, children):
+        self.fs, self.children = fs, children
+
+    def own(self, endtime):
+        return self.children.all(endtime)
+
+    def children_of(self, proc):
+        return self.fs.children(proc.pid, proc.threads)
+
+    def stat(self, pid):
+        return self.fs.stat(pid)
+
+
+class _ScanLook(object):
+    """How a look enumerates without children files: one scan of every
+    process, taken as the tree. A process whose parent is missing from the
+    scan saw that parent die mid-scan: the look is then unstable."""
+    snapshot = True
+
+    def __init__(self, fs, children, walk):
+        self.procs = fs.scan()
+        children.note_scan(self.procs)
+        self.index = {}
+        for proc in sorted(self.procs.values(), key=lambda p: p.pid):
+            self.index.setdefault(proc.ppid, []).append(proc.pid)
+            if proc.ppid not in self.procs and proc.ppid != 0:
+                walk.stable = False
+        self.me = children.me
+
+    def own(self, endtime):
+        return self.index.get(self.me, [])
+
+    def children_of(self, proc):
+        return self.index.get(proc.pid, [])
+
+    def stat(self, pid):
+        return self.procs.get(pid)
+
+
+class _ProcContainment(object):
+    """The run, found by walking /proc from this process down.
+
+    One of the two implementations of the containment (the other is
+    _CgroupContainment). Its verbs, as the phases use them:
 
         join_in_child()     in the forked child, before exec
         started(pid)        the command's pid, which is also its group id
-        detached()          our live children outside the group: services
-        keep(procs)         these are services: out of every scope from now on
-        members(scope)      the live processes in scope, parents first
-        signal(scope, sig)  every process in scope that is provably ours
-        kill(scope)         freeze and SIGKILL the scope; pins to wait on
-        confirm(scope, t)   the observation behind cleanup_confirmed
-        pins(procs)         pidfds to wait on, which wake the loop at exit
-        own_children()      for the reaper, which lives outside: the hooks
-                            reap() and reap_child(pid) are all a look knows
-                            of it
+        freeze()            stop what a look must see still (a waiter or None)
+        keep(what, endtime) take the processes the policy keeps out of the
+                            drain; the kept roots
+        members(endtime)    the live processes the cleanup will end (recorded)
+        signal(sig)         send sig to them
+        thaw()              let them run again, to act on the stop signal
+        waiter(procs)       what to wait on for them to exit (the grace)
+        kill(endtime)       SIGKILL at once what can be
+        kill_round(endtime) freeze and SIGKILL everything, one round of the drain
+        confirm(endtime, r) the observation behind cleanup_confirmed
+        strays(endtime)     children a dying kept service handed us since
+        preserved(endtime)  the kept processes alive now: the receipt's preserved
+        last_look(endtime, preserved)  any other live child of ours: a survivor
+        census(endtime)     what of the run is alive, when it was not confirmed
+        fields(), usage()   for the receipt
         close()
 
     Why a look finds every process of the run: each one descends from this
@@ -734,9 +1291,8 @@ class _ProcTree(object):
     finds them there. When cleanup is confirmed the run's processes are
     frozen or dead, so their lists do not change; the lists of kept
     services, which run on, are read for group members below them only.
-    Where the kernel has no children files (CONFIG_PROC_CHILDREN unset), one
-    scan of every process gives the same tree, and a process whose parent
-    vanished from the scan makes the scan unstable.
+    Where the kernel has no children files, one scan of every process gives
+    the same tree (_ScanLook).
 
     Only what is provably ours is signalled: the command's process group
     while its leader is held unreaped, our own unreaped children, and
@@ -744,25 +1300,15 @@ class _ProcTree(object):
     and proven, is their parent still.
     """
 
-    def __init__(self, fs, kind):
-        self.fs = fs
-        self.kind = kind            # "children" or "scan": the receipt's containment
-        self.me = os.getpid()
+    def __init__(self, fs, children, callers, reaper, budget, record):
+        self.fs, self.children, self.callers = fs, children, callers
+        self.reaper, self.budget, self.record = reaper, budget, record
+        self.kind = "scan" if children.scan else "children"
+        self.me = children.me
         self.pid = self.pgid = None
-        self.kept = set()           # identities of the services kept running
-        self.inherited = set()      # identities of the caller's processes
-        self.inherited_groups = set()  # their process groups: the caller's jobs
-        self.callers_children = set()  # pids of our children before the command: never reaped
-        self.unattributed = {}      # identity -> _Proc adopted in the caller's jobs' groups
-        self.recording = False      # from the cleanup on: what each look finds may be ended
-        self.ended = {}             # identity -> argv (None past _DRAINED_LIMIT) of those
-        self.gone = set()           # identities whose pin showed them exit
-        self.pidfds = True          # until the kernel says otherwise
-        self.saved_fd_limit = None  # our RLIMIT_NOFILE, while raised
-        # The run's reaper lives outside: reap() what is due, during a long
-        # look (_reap_when_due); reap_child(pid), a zombie a look came upon.
-        self.reap, self.reap_child = (lambda: None), (lambda pid: False)
-        self.next_reap = 0.0
+        self.kept = set()           # identities of the kept roots
+        self.scope = _RUN           # what the drain covers: _GROUP, _RUN, or None
+        self.keeping = _KEEP_NOTHING
 
     # The seam.
 
@@ -772,109 +1318,174 @@ class _ProcTree(object):
     def started(self, pid):
         self.pid = self.pgid = pid
 
-    def note_inherited(self):
-        """Children we had before the command (a shell's jobs, before its exec),
-        their descendants, and whatever is later adopted in their process
-        groups are the caller's: never signalled, never kept, and our own
-        children among them never reaped (an API caller waits for them; unreaped,
-        each pid stays theirs). waitid() first, so that the usual case costs no
-        look at all."""
-        try:
-            os.waitid(os.P_ALL, 0, os.WEXITED | os.WSTOPPED | os.WCONTINUED
-                      | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        self.callers_children = set(self.own_children())
-        walk = self._walk(_RUN, everything=True)
-        self.inherited = set(p.identity for p in walk.found)
-        self.inherited_groups = set(p.pgid for p in walk.found if p.ppid == self.me)
+    def freeze(self):
+        """SIGSTOP the group: no member can die and hand us its children, nor
+        fork, while we look."""
+        self.signal_group(signal.SIGSTOP)
+        return None
 
-    def is_inherited(self, proc):
-        """For our own children: the caller's (known at start), or adopted
-        since in one of the caller's jobs' groups, which a process of the run
-        can join too (or a reused group id can match): then it is
-        unattributed, left alone, and it keeps the run from being confirmed."""
-        if proc.identity in self.inherited or proc.pid in self.callers_children:
-            return True
-        if proc.pgid in self.inherited_groups and not self._in_group(proc):
-            self.unattributed[proc.identity] = proc
-            return True
-        return False
+    def keep(self, what, endtime):
+        """What is kept decides the drain's scope: the detached services are
+        out of it; 'outside group' leaves only the group in it; 'everything'
+        empties it."""
+        self.keeping = what
+        if what == _KEEP_DETACHED:
+            kept = self.detached(endtime)
+            self.kept.update(p.identity for p in kept)
+            return kept
+        self.scope = {_KEEP_OUTSIDE_GROUP: _GROUP, _KEEP_EVERYTHING: None}.get(what, _RUN)
+        return []
 
-    def detached(self, endtime=None):
-        """Our live children outside the command's group, but never the
-        command itself (it may have moved to another group)."""
-        return [proc for proc in self.live_children(endtime)
-                if proc.pgid != self.pgid and proc.pid != self.pid
-                and not self.is_inherited(proc)]
+    def members(self, endtime):
+        if self.scope is None:
+            return []
+        return self._walk(self.scope, endtime=endtime, careful=False).found
 
-    def reapable(self, pid):
-        return pid not in self.callers_children
-
-    def keep(self, procs):
-        self.kept.update(p.identity for p in procs)
-
-    def live_children(self, endtime=None):
-        found = []
-        for pid in self.own_children(endtime):
-            if endtime is not None and _now() >= endtime:
-                break
-            self._reap_when_due()
-            proc = self.fs.stat(pid)
-            # Still our child: the reaper may have run since the list was
-            # read, and a pid it freed can be another process's by now.
-            if proc is not None and proc.live and proc.ppid == self.me:
-                found.append(proc)
-        return found
-
-    def begin_cleanup(self):
-        """From now on, every live process a look finds in scope is one the
-        cleanup will end; drained() is those of them not among survivors."""
-        self.recording = True
-
-    def drained(self, survivors):
-        """What the cleanup ended: those it recorded that were seen to exit, or
-        are gone now (one that left the scope, below a kept service, lives on
-        and is not listed)."""
-        left = set(p.identity for p in survivors)
-        return [(identity, argv) for identity, argv in self.ended.items()
-                if identity not in left and (identity in self.gone or not self._alive_now(identity))]
-
-    def _alive_now(self, identity):
-        """Alive, or not known to be gone: a look that fails claims nothing."""
-        try:
-            proc = self.fs.stat(identity[0])
-        except ObservationError:
-            return True
-        return proc is not None and proc.live and proc.start == identity[1]
-
-    def note_gone(self, proc):
-        self.gone.add(proc.identity)
-
-    def members(self, scope, endtime=None):
-        """Live processes in scope, for waiting on and for the record: a look
-        whose stability nobody uses, so it skips the checks that give it."""
-        return self._walk(scope, endtime=endtime, careful=False).found
-
-    def signal(self, scope, sig, endtime=None):
+    def signal(self, sig, endtime=None):
         """Signal the group (and the command if it left the group), and in the
         run's scope every other process that is provably ours."""
-        _signal_group(self.fs, self.pid, self.pgid, sig)
-        if scope == _RUN:
+        if self.scope is None or sig == 0:
+            return
+        self.signal_group(sig)
+        if self.scope == _RUN:
             _close_pins(self._walk(_RUN, sig=sig, careful=False, endtime=endtime).pins)
 
-    def kill(self, scope, endtime):
+    def thaw(self):
+        self.signal_group(signal.SIGCONT)
+
+    def waiter(self, procs):
+        return _PinWaiter(self.fs, self.record, self.pins(procs))
+
+    def kill(self, endtime):
+        self.signal_group(signal.SIGKILL)
+
+    def kill_round(self, endtime):
         """SIGKILL the scope. The walk freezes each process as it finds it
         (SIGSTOP: none forks while the walk reads on) and kills it once its
         children are done, children before parents, so that only the path
-        being walked is pinned. Returns the walk; its pins are for waiting,
-        and the caller closes them."""
-        _signal_group(self.fs, self.pid, self.pgid, signal.SIGSTOP)
+        being walked is pinned."""
+        walk = self._kill_walk(self.scope or _GROUP, endtime)
+        return _Round(walk, self._round_waiter(walk))
+
+    def _kill_walk(self, scope, endtime):
+        self.signal_group(signal.SIGSTOP)
         if scope == _RUN:
             self._stop_own_children(endtime)
         walk = self._walk(scope, sig=signal.SIGSTOP, kill=True, endtime=endtime)
-        _signal_group(self.fs, self.pid, self.pgid, signal.SIGKILL)
+        self.signal_group(signal.SIGKILL)
         return walk
+
+    def _round_waiter(self, walk):
+        """After a kill walk: its pins; or, when it found only what it could
+        not yet prove ours, a moment (an adoption's SIGCHLD wakes it sooner);
+        or, when it found nothing but was disturbed, a shorter one."""
+        if walk.pins:
+            return _PinWaiter(self.fs, self.record, walk.pins)
+        return _Pause(_DRAIN_ROUND_LIMIT if walk.found else _UNSETTLED_RETRY)
+
+    def confirm(self, endtime, previous=None):
+        """([], True) once two looks in a row found nothing alive in scope,
+        each undisturbed, and saw the same processes (a process that died
+        during the first look handed its children to a list read before: the
+        second sees them). Else the live processes found, or ([], False) when
+        the looks kept being disturbed (a few tries: the caller waits before
+        it asks again) or time ran out."""
+        scope = self.scope or _GROUP
+        previous = previous.walk if previous is not None else None
+        for _ in range(_CONFIRM_TRIES):
+            walk = self._walk(scope, endtime=endtime)
+            if walk.found:
+                return walk.found, walk.stable
+            if walk.stable and previous is not None and walk.seen == previous.seen:
+                return [], True
+            if _now() >= endtime:
+                break
+            previous = walk if walk.stable else None
+        return [], False
+
+    def strays(self, endtime):
+        """Our live children adopted since the confirmation, outside the group,
+        that are neither kept nor the caller's: a kept service that died
+        handed them over (they were left alone while it lived)."""
+        return [p for p in self.detached(endtime) if p.identity not in self.kept]
+
+    def drain_strays(self, endtime):
+        walk = self._kill_walk(_RUN, endtime)
+        return _Round(walk, self._round_waiter(walk))
+
+    def preserved(self, endtime):
+        """The kept roots alive now: after a forced stop the services kept; at
+        a natural exit every live child outside the group ('everything': every
+        live child, the group's too)."""
+        if self.keeping == _KEEP_NOTHING:
+            return []
+        if self.keeping == _KEEP_EVERYTHING:
+            return [p for p in self.children.live(endtime, self.reaper)
+                    if p.pid != self.pid and not self._claimed(p)]
+        return [p for p in self.detached(endtime)
+                if self.keeping != _KEEP_DETACHED or p.identity in self.kept]
+
+    def last_look(self, endtime, preserved):
+        """Kept services were free to run since the confirming look: one that
+        died meanwhile handed its children to us, and one could have put a
+        process in the command's group. A live child of ours that is neither
+        the command, a service kept, nor the caller's, is the run's, alive."""
+        if self.keeping == _KEEP_EVERYTHING:
+            return []
+        kept = set(p.identity for p in preserved)
+        return [p for p in self.children.live(endtime, self.reaper)
+                if p.pid != self.pid and p.identity not in kept and not self._claimed(p)]
+
+    def census(self, endtime):
+        """What of the run is alive, by one look that needs no stability: for
+        the receipt's survivors when the run was not confirmed."""
+        return self._walk(self.scope or _GROUP, endtime=endtime, careful=False).found
+
+    def fields(self):
+        return {"containment": self.kind}
+
+    def usage(self):
+        return None
+
+    def close(self):
+        pass
+
+    # Helpers of the verbs.
+
+    def signal_group(self, sig):
+        """Signal the command's group, and the command itself if it left the
+        group (our unreaped child: its pid is ours). The group id is ours
+        while the command's zombie, its first leader, is held unreaped."""
+        _signal_group(self.fs, self.pid, self.pgid, sig)
+
+    def detached(self, endtime=None):
+        """Our live children outside the command's group, but never the
+        command itself (it may have moved to another group), nor the caller's."""
+        return [proc for proc in self.children.live(endtime, self.reaper)
+                if proc.pgid != self.pgid and proc.pid != self.pid and not self._claimed(proc)]
+
+    def pins(self, procs):
+        """Pins for waiting only, never signalled: a pid reused between the
+        look and the pin costs a longer wait, never a wrong signal. Beyond
+        what the fd limit allows, a pin polls /proc instead."""
+        allowed = self.budget.allowed(len(procs))
+        pins = []
+        try:
+            for proc in procs:
+                fd = self.budget.pidfd(proc.pid) if len(pins) < allowed else None
+                if fd is not False:
+                    pins.append(_Pin(proc, fd))
+        except BaseException:
+            _close_pins(pins)
+            raise
+        return pins
+
+    def _claimed(self, proc):
+        """The caller's, or unattributed (see _CallersJobs.claims)."""
+        return self.callers.claims(proc, self._in_group(proc))
+
+    def _in_group(self, proc):
+        return proc.pgid == self.pgid or proc.pid == self.pid
 
     def _stop_own_children(self, endtime):
         """SIGSTOP every child of ours that is not a kept service or the
@@ -888,19 +1499,19 @@ class _ProcTree(object):
         walk always gets its turn. By pid: an unreaped child's pid is its own,
         and a kept service is recognised by its pid (should that pid be
         reused, the process is only left to the walk)."""
-        spared = set(pid for pid, _ in self.kept | self.inherited) | self.callers_children
+        spared = set(pid for pid, _ in self.kept) | self.callers.spared()
         spared.add(self.pid)
         seen = set()
         for _ in range(_STOP_PASSES):
             if _now() >= endtime:
                 return
-            fresh = [pid for pid in reversed(self.own_children(endtime))
+            fresh = [pid for pid in reversed(self.children.all(endtime))
                      if pid not in seen and pid not in spared]
             if not fresh:
                 return
             seen.update(fresh)
-            if self.inherited_groups:  # the caller's jobs are known by group: look first
-                fresh = [pid for pid in fresh if not self.is_inherited(self.fs.stat(pid) or _GONE)]
+            if self.callers.groups:  # the caller's jobs are known by group: look first
+                fresh = [pid for pid in fresh if not self._claimed(self.fs.stat(pid) or _GONE)]
             # Thousands of them, each kill() slower for the storm: mind the time.
             for pid in fresh:
                 if _now() >= endtime:
@@ -909,118 +1520,40 @@ class _ProcTree(object):
             for pid in fresh:
                 if _now() >= endtime:
                     return
-                self.reap_child(pid)
-
-    def confirm(self, scope, endtime, previous=None):
-        """The observation behind cleanup_confirmed: ([], True) once two looks
-        in a row found nothing alive in scope, each undisturbed, and saw the
-        same processes (a process that died during the first look handed its
-        children to a list read before: the second sees them). Else the live
-        processes found, or ([], False) when the looks kept being disturbed
-        (a few tries: the caller waits before it asks again) or time ran out."""
-        for _ in range(_CONFIRM_TRIES):
-            walk = self._walk(scope, endtime=endtime)
-            if walk.found:
-                return walk.found, walk.stable
-            if walk.stable and previous is not None and walk.seen == previous.seen:
-                return [], True
-            if _now() >= endtime:
-                break
-            previous = walk if walk.stable else None
-        return [], False
-
-    def alive(self, proc):
-        now = self.fs.stat(proc.pid)
-        return now is not None and now.live and now.start == proc.start
-
-    def pins(self, procs):
-        """Pins for waiting only, never signalled: a pid reused between the
-        look and the pin costs a longer wait, never a wrong signal. Beyond
-        what the fd limit allows, a pin polls /proc instead."""
-        budget = self._pin_budget(len(procs))
-        pins = []
-        try:
-            for proc in procs:
-                fd = self._pidfd(proc.pid) if len(pins) < budget else None
-                if fd is not False:
-                    pins.append(_Pin(proc, fd))
-        except BaseException:
-            _close_pins(pins)
-            raise
-        return pins
-
-    def oldest_children(self):
-        """The first page of our list of children (~600), one read however
-        long the list is. Adoption appends to it, so the processes adopted
-        first, and dead first, are there. A whole list costs a pass over it
-        each page, and under a fork storm every entry waits for the task-list
-        lock: 30,000 zombies took 3 s to list (one page: milliseconds)."""
-        if self.kind == "scan":
-            return self.own_children()
-        data = self.fs.read("%d/task/%d/children" % (self.me, self.me), first_page=True)
-        if data is None:
-            raise ObservationError("cannot read our own children in /proc")
-        return [int(word) for word in data.split()]
-
-    def own_children(self, endtime=None):
-        """Our children; past `endtime` perhaps only some (see _ProcFS.read)."""
-        if self.kind == "scan":
-            return [p.pid for p in self.fs.scan().values() if p.ppid == self.me]
-        found = []
-        for tid in self.fs.threads_of(self.me):
-            data = self.fs.read("%d/task/%d/children" % (self.me, tid), endtime=endtime)
-            if data is None:
-                raise ObservationError("cannot read our own children in /proc")
-            found.extend(int(word) for word in data.split())
-        return found
-
-    def close(self):
-        if self.saved_fd_limit is not None:
-            import resource
-            resource.setrlimit(resource.RLIMIT_NOFILE, self.saved_fd_limit)
-            self.saved_fd_limit = None
+                self.reaper.reap(pid)
 
     # The walk.
 
-    def _in_group(self, proc):
-        return proc.pgid == self.pgid or proc.pid == self.pid
+    def _look(self, walk):
+        if self.children.scan:
+            return _ScanLook(self.fs, self.children, walk)
+        return _LiveLook(self.fs, self.children)
 
-    def _reap_when_due(self):
-        """A look at a storm takes seconds, and the zombies it makes meanwhile
-        would lengthen every list we read: let the reaper run every
-        _REAP_LIST_INTERVAL."""
-        now = _now()
-        if now >= self.next_reap:
-            self.next_reap = now + _REAP_LIST_INTERVAL
-            self.reap()
-
-    def _walk(self, scope, sig=None, kill=False, endtime=None, everything=False, careful=True):
+    def _walk(self, scope, sig=None, kill=False, endtime=None, careful=True):
         """One look from this process down (see the class docstring): the live
         processes in scope, parents first. With sig, each of them is proven
         and pinned, and those outside the group are sent sig as they are
-        found; with kill, SIGKILL too once their children are done.
-        `everything` ignores scopes and what is inherited: the look at
-        start-up."""
+        found; with kill, SIGKILL too once their children are done."""
         walk = _Walk()
-        index = self._scan_index(walk) if self.kind == "scan" else None
+        look = self._look(walk)
         # Items are (parent node, pid) to visit, or (node, None) to leave.
-        stack = [(None, pid) for pid in reversed(self._children_of(None, index, endtime))]
+        stack = [(None, pid) for pid in reversed(look.own(endtime))]
         try:
             while stack:
                 out_of_time = endtime is not None and _now() >= endtime
                 if not out_of_time:
-                    self._reap_when_due()
+                    self.reaper.reap_when_due()
                 parent, pid = stack.pop()
                 if pid is None:
                     self._leave(parent, kill, walk)
                 elif out_of_time:
                     walk.stable = False  # the look is partial
                 else:
-                    node = self._visit(parent, pid, scope, sig, walk, index, everything)
+                    node = self._visit(parent, pid, scope, sig, walk, look)
                     if node is not None:
                         stack.append((node, None))  # left, and its pin closed, whatever happens
-                        children = self._children_of(node, index)
-                        if careful and not self._still_there(node):
+                        children = look.children_of(node[0])
+                        if careful and not self._still_there(node, look):
                             walk.stable = False  # it died: its children moved to a list read before
                         stack.extend((node, child) for child in reversed(children))
         finally:
@@ -1041,13 +1574,13 @@ class _ProcTree(object):
         if kill and not self._in_group(proc):
             pin.send(signal.SIGKILL)
         if len(walk.pins) == _PIN_FD_HEADROOM:
-            walk.wait_budget = self._pin_budget(len(walk.pins) + 1)
+            walk.wait_budget = self.budget.allowed(len(walk.pins) + 1)
         if len(walk.pins) < walk.wait_budget:
             walk.pins.append(pin)
         else:
             pin.close()
 
-    def _visit(self, parent, pid, scope, sig, walk, index, everything):
+    def _visit(self, parent, pid, scope, sig, walk, look):
         """Look at one process. None when it is gone, moved, inherited or one of
         our zombies (reaped here, never carried); else (proc, pin, kept) to
         descend into, pin proving it ours for its children's sake."""
@@ -1055,7 +1588,7 @@ class _ProcTree(object):
         # Below a kept service only group members are in scope, and killpg
         # reaches those: nothing there needs a proof.
         pin = self._prove(parent, pid) if sig is not None and not parent_kept else None
-        proc = pin.proc if pin is not None else self._look(pid, index)
+        proc = pin.proc if pin is not None else look.stat(pid)
         if proc is None or proc.ppid != (parent_proc.pid if parent_proc else self.me):
             # Gone since its parent's list was read, or re-parented: it may
             # have handed its children to a list read before. Below a kept
@@ -1063,10 +1596,10 @@ class _ProcTree(object):
             if proc is not None or not parent_kept:
                 walk.stable = False
             return _closed(pin)
-        if parent is None and not everything:
-            if self.is_inherited(proc):
+        if parent is None:
+            if self._claimed(proc):
                 return _closed(pin)
-            if not proc.live and self.reap_child(pid):
+            if not proc.live and self.reaper.reap(pid):
                 # Gone for good: the next look will not see it either; but it
                 # may have died after our list was read.
                 walk.stable = False
@@ -1074,18 +1607,13 @@ class _ProcTree(object):
         if not parent_kept:
             walk.seen.add(proc.identity)
         kept = parent_kept or proc.identity in self.kept
-        if proc.live and (everything or self._in_group(proc) or (scope == _RUN and not kept)):
+        if proc.live and (self._in_group(proc) or (scope == _RUN and not kept)):
             walk.found.append(proc)
-            if self.recording and proc.identity not in self.ended:
-                self.ended[proc.identity] = (self.fs.cmdline(pid) if len(self.ended) < _DRAINED_LIMIT
-                                             else None)
+            self.record.saw(proc)
             if pin is not None and not self._in_group(proc):
                 pin.send(sig)
             return (proc, pin, kept)
         return (proc, _closed(pin), kept)
-
-    def _look(self, pid, index):
-        return index[1].get(pid) if index is not None else self.fs.stat(pid)
 
     def _prove(self, parent, pid):
         """A pin on pid if it is provably ours, else None. Our own child is
@@ -1099,7 +1627,7 @@ class _ProcTree(object):
         parent_fd = parent_pin.fd if parent_pin is not None else None
         if not parent_is_ours and parent_fd is None:
             return None  # an unproven parent: its children wait to be adopted
-        fd = self._pidfd(pid)
+        fd = self.budget.pidfd(pid)
         if fd is False or (fd is None and parent_proc is not None):
             return None
         proc = self.fs.stat(pid)
@@ -1113,83 +1641,42 @@ class _ProcTree(object):
             return None
         return _Pin(proc, fd)
 
-    def _pidfd(self, pid):
-        """A pidfd on pid; None where there are none or no fd is left (then
-        waiting polls /proc, and proving waits for a later look); False when
-        the process is gone."""
-        if not self.pidfds:
-            return None
-        try:
-            fd = _pidfd_open(pid)
-        except ProcessLookupError:
-            return False
-        except OSError as e:
-            if e.errno in (errno.EMFILE, errno.ENFILE):
-                self._make_fd_room()
-                return None
-            raise
-        if fd is None:
-            self.pidfds = False
-        return fd
-
-    def _children_of(self, node, index, endtime=None):
-        if node is None:
-            return index[0].get(self.me, []) if index is not None else self.own_children(endtime)
-        proc = node[0]
-        if index is not None:
-            return index[0].get(proc.pid, [])
-        return self.fs.children(proc.pid, proc.threads)
-
-    def _still_there(self, node):
+    def _still_there(self, node, look):
         """Was the process alive after its children were read? (Then nothing
         left its list unseen.) Pinned processes are checked by their pidfd,
-        the rest by /proc; a scan is one snapshot, which _scan_index checks."""
+        the rest by /proc; a scan is one snapshot, which _ScanLook checks."""
         proc, pin, _ = node
-        if not proc.live or self.kind == "scan":
+        if not proc.live or look.snapshot:
             return True  # a zombie has no children: they left at its exit
         if pin is not None and pin.fd is not None:
             return not _readable(pin.fd)
-        return self.alive(proc)
+        now = self.fs.stat(proc.pid)
+        return now is not None and now.live and now.start == proc.start
 
-    def _scan_index(self, walk):
-        """({ppid: [pid, ...]}, {pid: _Proc}) from one scan. A process whose
-        parent is missing from the scan saw that parent die mid-scan."""
-        procs = self.fs.scan()
-        children = {}
-        for proc in sorted(procs.values(), key=lambda p: p.pid):
-            children.setdefault(proc.ppid, []).append(proc.pid)
-            if proc.ppid not in procs and proc.ppid != 0:
-                walk.stable = False
-        return children, procs
 
-    def _pin_budget(self, wanted):
-        """How many pidfds may be held at once: all that is wanted when that is
-        few; else what our fd limit (lifted to the hard one) leaves, less a
-        reserve for reading /proc and for our own pipes."""
-        if wanted <= _PIN_FD_HEADROOM:
-            return wanted
-        import resource
-        self._make_fd_room()
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return max(0, soft - self.fs.open_fd_count() - _FD_RESERVE)
+class _Pause(object):
+    """A waiter that is done after a while (or at the first wake-up: a
+    SIGCHLD, a signal): a drain round with nothing to pin."""
 
-    def _make_fd_room(self):
-        """Lift our soft RLIMIT_NOFILE to the hard one, once. The command
-        started with the caller's limit; close() puts ours back."""
-        if self.saved_fd_limit is not None:
-            return
-        import resource
-        self.saved_fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)
-        hard = self.saved_fd_limit[1]
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass  # a hard limit above what the kernel allows: keep ours
+    def __init__(self, seconds):
+        self.until, self.woken = _now() + seconds, False
+
+    def done(self):
+        if self.woken or _now() >= self.until:
+            return True
+        self.woken = True  # the next done() follows a wake-up
+        return False
+
+    def wake(self):
+        return (), (), self.until
+
+    def close(self):
+        pass
 
 
 class _Gone(object):
     """Stands for a process that is gone: nobody's, in no group."""
-    identity, pgid = None, None
+    identity, pgid, pid = None, None, None
 
 
 _GONE = _Gone()
@@ -1201,24 +1688,567 @@ def _closed(pin):
     return None
 
 
-def _reap_pid(pid):
-    """Reap pid if it is an exited child of ours; nothing otherwise. Did it?"""
-    try:
-        return os.waitpid(pid, os.WNOHANG)[0] != 0
-    except ChildProcessError:
-        return False
-
-
 def _signal_group(fs, pid, pgid, sig):
     """Signal the command's group, and the command itself if it left the
     group (our unreaped child: its pid is ours). The group id is ours while
     the command's zombie, its first leader, is held unreaped."""
+    if pgid is None:
+        return
     _quietly_signal(pgid, sig, group=True)
     command = fs.stat(pid)
     if command is not None and command.live and command.pgid != pgid:
         _quietly_signal(pid, sig)
+# --- Containment, by a cgroup of the run's own ------------------------------------------------
+
+class _Cgroup(object):
+    """One cgroup v2 directory, held open from the moment it is made: its
+    files are opened through that descriptor and never across a mount
+    (openat2 RESOLVE_NO_XDEV, as /proc), so a root command that mounts over
+    cgroup.events or the directory itself cannot feed us its own view."""
+
+    def __init__(self, path, shown, dir_fd, openat2):
+        self.path, self.shown = path, shown   # relative to the hierarchy's root; absolute
+        self.fd, self.openat2 = dir_fd, openat2
+        self.device = os.fstat(dir_fd).st_dev
+        self.events_fd = self.procs_fd = None
+
+    def _open(self, name, flags):
+        return _open_beneath(self.fd, self.device, self.openat2, name, flags, self.shown)
+
+    def write(self, name, text):
+        fd = self._open(name, os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    def read(self, name):
+        fd = self._open(name, os.O_RDONLY)
+        try:
+            return _read_to_end(fd)
+        finally:
+            os.close(fd)
+
+    def procs(self):
+        """The pids of every process in it (not in cgroups below it)."""
+        return [int(word) for word in self.read("cgroup.procs").split()]
+
+    def events(self):
+        """cgroup.events as a dict ({"populated": "0", "frozen": "1"}), read
+        through the descriptor held for waiting: reading it re-arms the
+        kernel's notification (POLLPRI) of the next change."""
+        if self.events_fd is None:
+            self.events_fd = _high_fd(self._open("cgroup.events", os.O_RDONLY))
+        os.lseek(self.events_fd, 0, os.SEEK_SET)
+        words = _read_to_end(self.events_fd).split()
+        return dict((words[i].decode(), words[i + 1].decode()) for i in range(0, len(words) - 1, 2))
+
+    def populated(self):
+        return self.events().get("populated") != "0"
+
+    def close(self):
+        for name in ("events_fd", "procs_fd", "fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                os.close(fd)
 
 
+def _subdirectories(dir_fd):
+    """The directories in dir_fd: the cgroups below one (a nested supervisor's)."""
+    return [name for name in os.listdir(dir_fd)
+            if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode & 0o170000 == 0o040000]
+
+
+def _read_to_end(fd):
+    chunks = [os.read(fd, 65536)]
+    while chunks[-1]:
+        chunks.append(os.read(fd, 65536))
+    return b"".join(chunks)
+
+
+class _CgroupHome(object):
+    """The supervisor's own cgroup in the cgroup v2 hierarchy: where the run's
+    cgroup and its sibling for what the run keeps are made. Found and judged
+    by _find_cgroup_home()."""
+
+    def __init__(self, mount_point, path, dir_fd, openat2):
+        self.mount_point, self.path = mount_point, path
+        self.fd, self.openat2 = dir_fd, openat2
+
+    def make(self, name=None):
+        """A new cgroup below ours, under a name no other run can have: our
+        pid and random bytes (mkdir refuses a name that exists), or `name`."""
+        for _ in range(16):
+            candidate = name or "treereap-%d-%s" % (os.getpid(), os.urandom(4).hex())
+            try:
+                os.mkdir(candidate, 0o755, dir_fd=self.fd)
+                break
+            except FileExistsError:
+                if name:
+                    raise
+        else:
+            raise OSError(errno.EEXIST, "no free cgroup name")
+        try:
+            return self.open_existing(candidate)
+        except BaseException:
+            os.rmdir(candidate, dir_fd=self.fd)
+            raise
+
+    def open_existing(self, name):
+        """The cgroup `name` below ours, held open."""
+        fd = _high_fd(_open_beneath(self.fd, os.fstat(self.fd).st_dev, self.openat2, name,
+                                    os.O_RDONLY | os.O_DIRECTORY, self.shown()))
+        path = self.path.rstrip("/") + "/" + name
+        return _Cgroup(path, self.mount_point.rstrip("/") + path, fd, self.openat2)
+
+    def make_kept(self, run):
+        """The sibling of the run's cgroup for what the run keeps."""
+        return self.make(run.path.rsplit("/", 1)[-1] + ".kept")
+
+    def remove(self, cgroup):
+        """rmdir the cgroup, and first the empty ones below it. False when it
+        still holds a process (EBUSY): it stays, and the receipt names it."""
+        try:
+            for name in _subdirectories(cgroup.fd):
+                _remove_below(cgroup.fd, name)
+            os.rmdir(cgroup.path.rsplit("/", 1)[-1], dir_fd=self.fd)
+            return True
+        except OSError:
+            return False
+
+    def shown(self):
+        return self.mount_point.rstrip("/") + self.path
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _remove_below(parent_fd, name):
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=parent_fd)
+    try:
+        for child in _subdirectories(fd):
+            _remove_below(fd, child)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+
+
+class _NoCgroup(Exception):
+    """Why the run cannot have a cgroup here (one line)."""
+
+
+# systemd names the cgroups of its units after them.
+_SYSTEMD_UNIT_SUFFIXES = (".service", ".scope", ".slice")
+
+
+def _find_cgroup_home(fs):
+    """Our cgroup in the cgroup v2 hierarchy, if it is ours to use: a cgroup2
+    mount (never a v1 hierarchy), writable, holding our cgroup ('0::' in
+    /proc/self/cgroup); not a systemd unit's unless delegated (Delegate=yes,
+    the trusted.delegate or user.delegate extended attribute); no controllers
+    enabled below it unless it is the root (a cgroup with processes cannot
+    have children with controllers). Raises _NoCgroup with the reason."""
+    ours = fs.cgroup_of(os.getpid())
+    if not ours:
+        raise _NoCgroup("this process is in no cgroup v2 hierarchy (cgroup v1 only)")
+    for before, after in fs.mountinfo():
+        if not after or after[0] != "cgroup2" or len(before) < 6:
+            continue
+        root, mount_point = _unescape(before[3]), _unescape(before[4])
+        if ours != root and not ours.startswith(root.rstrip("/") + "/"):
+            continue
+        if "ro" in before[5].split(","):
+            raise _NoCgroup("the cgroup v2 hierarchy at %s is mounted read-only" % mount_point)
+        path = "/" + ours[len(root):].strip("/") if root != "/" else ours
+        return _open_home(fs, mount_point, path)
+    raise _NoCgroup("no cgroup v2 hierarchy is mounted (grep cgroup2 /proc/self/mountinfo)")
+
+
+def _open_home(fs, mount_point, path, judge=True):
+    """Our cgroup (or, with judge false, any), held open; judged ours to use."""
+    directory = mount_point.rstrip("/") + path
+    try:
+        fd = _high_fd(os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+    except OSError as e:
+        raise _NoCgroup("cannot open our cgroup %s: %s" % (directory, e.strerror))
+    try:
+        if _filesystem_type(fd) != _CGROUP2_SUPER_MAGIC:
+            raise _NoCgroup("%s is not a cgroup v2 directory" % directory)
+        if judge:
+            _judge_home(fd, directory, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return _CgroupHome(mount_point, path, fd, fs.openat2)
+
+
+def _judge_home(fd, directory, path):
+    """Is this cgroup ours to make children in (see _find_cgroup_home)?"""
+    _check_not_managed(directory, path)
+    controllers = _read_at(fd, "cgroup.subtree_control").split()
+    if controllers and path != "/":
+        raise _NoCgroup("our cgroup %s enables controllers below it (%s), so it cannot have "
+                        "a child that holds processes" % (path, " ".join(
+                            c.decode() for c in controllers)))
+    if not os.access("cgroup.procs", os.W_OK, dir_fd=fd):
+        raise _NoCgroup("cannot write %s/cgroup.procs (no permission)" % directory)
+
+
+def _check_not_managed(directory, path):
+    """systemd owns its units' cgroups: making ours in one, or moving a
+    process out of it, fights systemd, unless the unit was delegated."""
+    if not os.path.isdir("/run/systemd/system"):
+        return
+    parts = [p for p in path.split("/") if p]
+    for depth in range(len(parts), 0, -1):
+        if parts[depth - 1].endswith(_SYSTEMD_UNIT_SUFFIXES):
+            unit_dir = directory[:len(directory) - len("/".join(parts[depth:]))].rstrip("/")
+            if _delegated(unit_dir):
+                return
+            raise _NoCgroup("systemd manages our cgroup %s (unit %s, not delegated); run under "
+                            "systemd-run --scope -p Delegate=yes" % (path, parts[depth - 1]))
+
+
+def _delegated(directory):
+    for name in ("trusted.delegate", "user.delegate"):
+        try:
+            if os.getxattr(directory, name) == b"1":
+                return True
+        except (OSError, AttributeError):
+            pass
+    return False
+
+
+def _read_at(dir_fd, name):
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        return _read_to_end(fd)
+    finally:
+        os.close(fd)
+
+
+def _unescape(field):
+    """mountinfo writes space, tab, newline and backslash as \\ooo (octal)."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _make_run_cgroup(home):
+    """The run's cgroup, with what a stop needs: cgroup.kill (Linux 5.14) and
+    cgroup.freeze (5.2)."""
+    try:
+        cgroup = home.make()
+    except OSError as e:
+        raise _NoCgroup("cannot make a cgroup in %s: %s" % (home.shown(), e.strerror))
+    for name in ("cgroup.kill", "cgroup.freeze", "cgroup.events"):
+        try:
+            os.stat(name, dir_fd=cgroup.fd)
+        except OSError:
+            home.remove(cgroup)
+            cgroup.close()
+            raise _NoCgroup("the kernel's cgroups have no %s (cgroup.kill needs Linux 5.14)"
+                            % name)
+    try:
+        cgroup.procs_fd = _high_fd(cgroup._open("cgroup.procs", os.O_WRONLY))
+        cgroup.events()
+    except OSError as e:
+        home.remove(cgroup)
+        cgroup.close()
+        raise _NoCgroup("cannot use the cgroup %s: %s" % (cgroup.shown, e.strerror))
+    return cgroup
+
+
+class _EscapeeWalk(_ProcContainment):
+    """The /proc walk that backs a cgroup's confirmation: a process that left
+    the run's cgroup (root can write its pid into another cgroup.procs) still
+    descends from us, a child subreaper, so a walk from us down finds it. The
+    kept roots are our children in the cgroup of what the run keeps."""
+
+    def __init__(self, fs, children, callers, reaper, budget, record, kept_path):
+        _ProcContainment.__init__(self, fs, children, callers, reaper, budget, record)
+        self.kept_path = kept_path
+
+    def refresh_kept(self, kept_path, endtime=None):
+        self.kept_path = kept_path
+        if kept_path is None:
+            self.kept = set()
+            return
+        self.kept = set(p.identity for p in self.children.live(endtime, self.reaper)
+                        if self.fs.cgroup_of(p.pid) == kept_path)
+
+
+class _CgroupRound(object):
+    """One round of a cgroup's drain: cgroup.kill, then, once the cgroup is
+    empty, a walk for escapees."""
+
+    def __init__(self, cgroup, walk_round):
+        self.cgroup, self.walk_round = cgroup, walk_round
+        self.waiter = walk_round.waiter if walk_round is not None else _EventWaiter(
+            cgroup, "populated", "0")
+        self.walk = walk_round.walk if walk_round is not None else None
+
+    @property
+    def clear(self):
+        if self.walk_round is None:
+            return False
+        return not self.cgroup.populated() and self.walk_round.clear
+
+    def close(self):
+        self.waiter.close()
+
+
+class _CgroupContainment(object):
+    """The run in a cgroup v2 of its own: the command joins it before exec,
+    and everything it starts inherits it, whatever session or group it moves
+    to. A stop freezes it (cgroup.freeze) to look, moves what the policy
+    keeps to a sibling cgroup (it survives cgroup.kill, and an owner can end
+    all of it at once later), signals, thaws, and ends it with cgroup.kill;
+    the kernel says when it is empty (`populated 0` in cgroup.events, which
+    wakes the wait: nothing polls). That is the observation behind
+    cleanup_confirmed, with one more: where the command could leave the
+    cgroup (it runs as root), a /proc walk from us down finds what did
+    (_EscapeeWalk). The same verbs as _ProcContainment."""
+
+    kind = "cgroup"
+
+    def __init__(self, fs, home, cgroup, walk, record, escapes_possible):
+        self.fs, self.home, self.cgroup, self.walk = fs, home, cgroup, walk
+        self.record, self.escapes_possible = record, escapes_possible
+        self.kept_cgroup = None
+        self.keeping = _KEEP_NOTHING
+        self.removed = False
+        self.usage_seen = None
+
+    def join_in_child(self):
+        os.write(self.cgroup.procs_fd, b"0")  # "0": the writing process
+
+    def started(self, pid):
+        self.walk.started(pid)
+
+    def freeze(self):
+        self.cgroup.write("cgroup.freeze", "1")
+        return _EventWaiter(self.cgroup, "frozen", "1")
+
+    def keep(self, what, endtime):
+        """Move what is kept, while frozen, to the sibling cgroup: the services
+        (our children outside the group) and their subtrees, but not the
+        group's members below them ('detached'); every process outside the
+        group; or every process."""
+        self.keeping = what
+        if what == _KEEP_NOTHING:
+            return []
+        members = self._members(endtime)
+        in_group = self.walk._in_group
+        if what == _KEEP_DETACHED:
+            roots = [p for p in members.values()
+                     if p.ppid == self.walk.me and not in_group(p)]
+            moving = _subtrees(members, roots, stop=in_group)
+        else:
+            roots = []
+            moving = [p for p in members.values()
+                      if what == _KEEP_EVERYTHING or not in_group(p)]
+        if moving:
+            self._move_to_kept(moving)
+        return roots
+
+    def _move_to_kept(self, procs):
+        if self.kept_cgroup is None:
+            self.kept_cgroup = self.home.make_kept(self.cgroup)
+        for proc in reversed(procs):  # leaves first
+            fd = self.walk.budget.pidfd(proc.pid)
+            if fd is False:
+                continue
+            try:
+                if self.fs.cgroup_of(proc.pid) == self.cgroup.path:  # still ours: move it
+                    try:
+                        self.kept_cgroup.write("cgroup.procs", str(proc.pid))
+                    except ProcessLookupError:
+                        pass
+            finally:
+                if fd is not None:
+                    os.close(fd)
+
+    def members(self, endtime):
+        found = list(self._members(endtime).values())
+        for proc in found:
+            self.record.saw(proc)
+        return found
+
+    def _members(self, endtime=None):
+        """{pid: _Proc} of the live processes in the run's cgroup now."""
+        found = {}
+        for pid in self.cgroup.procs():
+            if endtime is not None and _now() >= endtime:
+                break
+            proc = self.fs.stat(pid)
+            if proc is not None and proc.live:
+                found[pid] = proc
+        return found
+
+    def signal(self, sig, endtime=None):
+        """sig, and SIGCONT after it (so that a stopped process acts on it once
+        thawed), to every process in the cgroup, each through a pidfd taken
+        before /proc showed it in the cgroup: never a reused pid. One pidfd
+        at a time: a thousand members need no more descriptors than one."""
+        for pid in self.cgroup.procs():
+            if endtime is not None and _now() >= endtime:
+                break
+            fd = self.walk.budget.pidfd(pid)
+            if fd is False or fd is None:
+                continue  # gone; or no descriptor left: cgroup.kill reaches it anyway
+            pin = _Pin(None, fd)
+            try:
+                if self.fs.cgroup_of(pid) == self.cgroup.path:
+                    if sig:
+                        pin.send(sig)
+                    pin.send(signal.SIGCONT)
+            finally:
+                pin.close()
+
+    def thaw(self):
+        self.cgroup.write("cgroup.freeze", "0")
+
+    def waiter(self, procs):
+        return _EventWaiter(self.cgroup, "populated", "0")
+
+    def kill(self, endtime):
+        self.cgroup.write("cgroup.kill", "1")
+
+    def kill_round(self, endtime):
+        """cgroup.kill (again: cheap, and a storm is over at once); once the
+        cgroup is empty, a kill walk for what left it."""
+        self.cgroup.write("cgroup.kill", "1")
+        if self.cgroup.populated():
+            return _CgroupRound(self.cgroup, None)
+        if not self.escapes_possible:
+            return _CgroupRound(self.cgroup, _EmptyRound())
+        self.walk.refresh_kept(self._kept_path(), endtime)
+        return _CgroupRound(self.cgroup, self.walk.kill_round(endtime))
+
+    def confirm(self, endtime, previous=None):
+        if self.cgroup.populated():
+            return [], False
+        if not self.escapes_possible:
+            return [], True
+        self.walk.refresh_kept(self._kept_path(), endtime)
+        walk_previous = previous.walk_round if isinstance(previous, _CgroupRound) else None
+        return self.walk.confirm(endtime, walk_previous if walk_previous is not None
+                                 and not isinstance(walk_previous, _EmptyRound) else None)
+
+    def strays(self, endtime):
+        """A kept service that died handed its children to us: they are in the
+        kept cgroup, and kept. Only a process that left the cgroups (root
+        only) is a stray."""
+        if not self.escapes_possible:
+            return []
+        self.walk.refresh_kept(self._kept_path(), endtime)
+        return self.walk.strays(endtime)
+
+    def drain_strays(self, endtime):
+        return self.walk.drain_strays(endtime)
+
+    def preserved(self, endtime):
+        """Our live children in the kept cgroup: the roots of what is kept."""
+        if self.kept_cgroup is None:
+            return []
+        return [p for p in self.walk.children.live(endtime, self.walk.reaper)
+                if p.pid != self.walk.pid and self.fs.cgroup_of(p.pid) == self.kept_cgroup.path]
+
+    def last_look(self, endtime, preserved):
+        left = list(self._members(endtime).values())
+        if self.escapes_possible:
+            self.walk.refresh_kept(self._kept_path(), endtime)
+            left.extend(self.walk.last_look(endtime, preserved))
+        return left
+
+    def census(self, endtime):
+        found = list(self._members(endtime).values())
+        if self.escapes_possible and _now() < endtime:
+            found.extend(p for p in self.walk.census(endtime) if p.pid not in
+                         set(q.pid for q in found))
+        return found
+
+    def finish(self, confirmed):
+        """At done: read what the run cost, then remove the run's cgroup (once
+        empty) and the kept one if nothing is in it."""
+        self.usage_seen = _cgroup_usage(self.cgroup)
+        if confirmed or not self.cgroup.populated():
+            self.removed = self.home.remove(self.cgroup)
+        if self.kept_cgroup is not None and not self.kept_cgroup.populated():
+            if self.home.remove(self.kept_cgroup):
+                self.kept_cgroup.close()
+                self.kept_cgroup = None
+
+    def fields(self):
+        return {"containment": "cgroup", "cgroup": self.cgroup.path,
+                "kept_cgroup": self.kept_cgroup.path if self.kept_cgroup is not None else None}
+
+    def usage(self):
+        return self.usage_seen
+
+    def _kept_path(self):
+        return self.kept_cgroup.path if self.kept_cgroup is not None else None
+
+    def close(self):
+        if not self.removed and not self.cgroup.populated():
+            self.removed = self.home.remove(self.cgroup)
+        self.cgroup.close()
+        if self.kept_cgroup is not None:
+            self.kept_cgroup.close()
+        self.home.close()
+
+
+class _EmptyRound(object):
+    """A walk round that did not need to happen: nothing can have escaped."""
+    walk, clear = None, True
+
+    def __init__(self):
+        self.waiter = _Pause(0)
+
+    def close(self):
+        pass
+
+
+def _subtrees(members, roots, stop):
+    """roots and their descendants among members ({pid: _Proc}), parents
+    first, not descending into a process for which stop(proc) is true."""
+    children = {}
+    for proc in members.values():
+        children.setdefault(proc.ppid, []).append(proc)
+    found, todo = [], list(roots)
+    while todo:
+        proc = todo.pop(0)
+        found.append(proc)
+        todo.extend(p for p in children.get(proc.pid, []) if not stop(p))
+    return found
+
+
+def _cgroup_usage(cgroup):
+    """The run's CPU from cpu.stat (every process it ever held, reaped or
+    not), and memory.peak where the memory controller is on for it."""
+    try:
+        stat = dict(line.split() for line in cgroup.read("cpu.stat").decode().splitlines()
+                    if len(line.split()) == 2)
+    except (OSError, ValueError):
+        return None
+    usage = {"source": "cgroup",
+             "cpu_user_s": int(stat.get("user_usec", 0)) / 1e6,
+             "cpu_system_s": int(stat.get("system_usec", 0)) / 1e6}
+    try:
+        usage["memory_peak_kib"] = int(cgroup.read("memory.peak")) // 1024
+    except (OSError, ValueError):
+        usage["memory_peak_kib"] = None
+    return usage
 # --- Signals and the stop file ---------------------------------------------------------
 
 class _SignalCatcher(object):
@@ -1228,6 +2258,7 @@ class _SignalCatcher(object):
 
     def __init__(self, always=(), stop_signal=signal.SIGTERM):
         self.stop_signal = stop_signal
+        self.held = False
         self.pending = []
         self.saved = {}
         self.ignored_by_caller = set()
@@ -1284,7 +2315,7 @@ class _SignalCatcher(object):
         a launcher's `trap '' TERM` only fenced its own start-up), and the
         first three unblocked."""
         defaulted = set(_DEFAULTED_FOR_COMMAND)
-        if self.stop_signal not in (signal.SIGKILL, signal.SIGSTOP):
+        if self.stop_signal not in (0, signal.SIGKILL, signal.SIGSTOP):
             defaulted.add(self.stop_signal)
         for sig in set(self.saved) | defaulted:
             ignored = sig in self.ignored_by_caller and sig not in defaulted
@@ -1292,7 +2323,22 @@ class _SignalCatcher(object):
         signal.pthread_sigmask(signal.SIG_SETMASK,
                                set(self.caller_mask) - set(_DEFAULTED_FOR_COMMAND))
 
+    def hold(self):
+        """Take no more signals: block every one we handle. A flood of queued
+        real-time signals (each would run a handler) then waits in the kernel
+        instead of delaying the receipt."""
+        self.held = True
+        signal.pthread_sigmask(signal.SIG_BLOCK, list(self.saved))
+
     def close(self):
+        """The caller's dispositions and mask back. Signals held since hold()
+        were for this run: those still pending are discarded first (at most
+        _DISCARD_LIMIT), rather than delivered to the caller's handlers."""
+        if self.held:
+            waiting = [s for s in self.saved if s not in (signal.SIGKILL, signal.SIGSTOP)]
+            for _ in range(_DISCARD_LIMIT):
+                if signal.sigtimedwait(waiting, 0) is None:
+                    break
         signal.set_wakeup_fd(self.saved_wakeup)
         for sig, handler in self.saved.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
@@ -1588,47 +2634,73 @@ def _check_user_may_not_replace(user, target):
     receipt's removal and ours, the name is free for anyone who may create
     it); above it, a directory the user owns, or can write unless it is
     sticky (as /tmp is), or, below a sticky one, an entry that the user
-    owns."""
+    owns. And the path as given, every component: a symlink on it that the
+    user owns, or in a directory the user may write (by the same rule),
+    re-points the path the controller reads."""
     directories = [target.directory]
     while directories[-1] != "/":
         directories.append(os.path.dirname(directories[-1]))
-    writable = user.can([(d, "write") for d in directories])
+    links = [os.path.join(d, name) for d, name, _ in _path_steps(target.path)
+             if os.path.islink(os.path.join(d, name))]
+    given = [d for d in _unique(os.path.dirname(link) for link in links)]
+    writable = user.can([(d, "write") for d in directories + given])
+    can_write = dict(zip(directories + given, writable))
     below = None
-    for directory, can_write in zip(directories, writable):
+    for directory in directories:
         st = os.stat(directory)
         owned_below = below is not None and os.lstat(below).st_uid == user.uid
-        own_directory = below is None
-        if st.st_uid == user.uid or (can_write and (
-                own_directory or not st.st_mode & 0o1000 or owned_below)):
-            raise UsageError("--user: %s could replace the receipt through %s (%s); put the "
-                             "receipt in a directory that user cannot write" % (
-                                 user.shown, directory,
-                                 "its owner" if st.st_uid == user.uid else "writable"))
+        if st.st_uid == user.uid or (can_write[directory] and (
+                below is None or not st.st_mode & 0o1000 or owned_below)):
+            _refuse_receipt_path(user, directory, "its owner" if st.st_uid == user.uid
+                                 else "writable")
         below = directory
+    for link in links:
+        st, parent = os.lstat(link), os.stat(os.path.dirname(link))
+        if st.st_uid == user.uid or (can_write[os.path.dirname(link)]
+                                     and not parent.st_mode & 0o1000):
+            _refuse_receipt_path(user, link, "a symlink it owns" if st.st_uid == user.uid
+                                 else "a symlink in a directory it may write")
 
 
-# --- The run: its state, its one wait, what signals do, and the reaper -------------------
+def _refuse_receipt_path(user, path, why):
+    raise UsageError("--user: %s could replace the receipt through %s (%s); put the receipt in "
+                     "a directory that user cannot write, reached by no symlink of its" % (
+                         user.shown, path, why))
+
+
+def _unique(items):
+    seen, found = set(), []
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            found.append(item)
+    return found
+
+
+# --- The run: its state, its one wait, what signals do -------------------------------------
 
 class _Plan(object):
     """What the caller asked for, checked, before anything starts."""
 
     def __init__(self, command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent,
-                 user=None, stop_signal=None, drain_all=False,
+                 user=None, stop_signal=None, policy="drain-all", containment="auto",
                  preserve_status=False, verbose=False):
         self.command = command
         self.timeout, self.cleanup_timeout = timeout, cleanup_timeout
         self.stop_path, self.workdir = stop_path, workdir
         self.stop_with_parent = stop_with_parent
         self.user = user            # --user: a _User, or None
-        self.stop_signal = stop_signal or signal.SIGTERM  # the first signal of a stop
-        self.drain_all = drain_all  # nothing is kept: every process of the run is drained
+        # The first signal of a stop; 0 sends none (the grace, then SIGKILL).
+        self.stop_signal = signal.SIGTERM if stop_signal is None else stop_signal
+        self.policy = policy        # one of POLICIES: what the run keeps when it ends
+        self.containment = containment  # one of CONTAINMENTS
         self.preserve_status = preserve_status
-        self.verbose = verbose      # -v: say when the run is stopped
+        self.verbose = verbose      # -v: say when the run is stopped, and how it ended
 
 
 class _Run(object):
     """One supervised run: the plan, the state it is in, and what it saw.
-    The state changes only through _enter()."""
+    The state changes only through _enter(), which only the driver calls."""
 
     def __init__(self, plan):
         self.plan = plan
@@ -1647,13 +2719,19 @@ class _Run(object):
         self.error = self.error_exit = None
         self.failed = False             # the supervisor itself failed: nothing confirmed
         self.preserved, self.survivors, self.stable = [], [], True
+        self.survivors_count = 0        # how many were alive, past the receipt's list
         self.unattributed = []          # live processes adopted in the caller's jobs' groups
-        self.fs = self.tree = self.catcher = self.watch = None
+        self.foreign = []               # --user: that uid's processes outside the run
+        self.killed = False             # the grace ran out: SIGKILL was needed
+        self.fs = self.containment = self.catcher = self.watch = None
+        self.children = self.callers = self.reaper = self.budget = self.record = None
+        self.cgroup_unavailable = None  # why auto did not take a cgroup
         self.terminal = None            # fd 0, when the command was given the terminal
         self.subreaper_before = None
-        self.next_list_reap, self.reap_pending = 0.0, False  # see _reap_exited()
-        self.saved_priority = None      # (nice, autogroup nice, its fd) while the cleanup has the CPU
+        self.saved_nice = None          # our nice value while the cleanup has the CPU
         self.usage_before = None        # getrusage(RUSAGE_CHILDREN) at the command's start
+        self.fork_rss_kib = None        # our own RSS when we forked the command
+        self.supervisor_pid = os.getpid()
 
 
 def _enter(run, state):
@@ -1671,20 +2749,33 @@ def _enter(run, state):
     return None
 
 
-def _wait(run, endtime, fds=()):
+def _wait(run, endtime, fds=(), priority_fds=()):
     """The one place a run blocks: until a signal arrives, one of fds is
-    readable (pidfds), the stop file's watch or the exec report speaks (while
-    running only), or the monotonic time `endtime`. Then act on the signals."""
+    readable (pidfds), one of priority_fds changes (cgroup.events), the stop
+    file's watch or the exec report speaks (while running only), or the
+    monotonic time `endtime`. Then act on the signals."""
     running = run.state == "running"
     watch_fd = run.watch.fileno() if running and run.watch is not None else None
     report_fd = run.report.fileno() if running else None
     wanted = [fd for fd in (run.catcher.fd, watch_fd, report_fd) if fd is not None]
-    if run.reap_pending:
-        endtime = min(endtime, run.next_list_reap)
-    ready = _wait_readable(wanted + list(fds), endtime - _now())
+    if run.reaper.pending:
+        endtime = min(endtime, run.reaper.next_list_reap)
+    ready = _wait_ready(wanted + list(fds), priority_fds, endtime - _now())
     if watch_fd is not None and watch_fd in ready:
         run.watch.read_events()
     _act_on_signals(run)
+
+
+def _wait_for(run, waiter, endtime, interruptible=False):
+    """Block until waiter says done (processes gone, a cgroup empty or
+    frozen): True; False at `endtime`, or, when interruptible, as soon as a
+    later stop signal asks to hurry."""
+    while not waiter.done():
+        if _now() >= endtime or (interruptible and run.hurry):
+            return False
+        fds, priority_fds, poll_at = waiter.wake()
+        _wait(run, endtime if poll_at is None else min(endtime, poll_at), fds, priority_fds)
+    return True
 
 
 def _act_on_signals(run):
@@ -1694,20 +2785,21 @@ def _act_on_signals(run):
         if sig == signal.SIGCHLD:
             child_exited = True
         else:
-            _SIGNAL_ACTIONS[run.state][_signal_kind(sig)](run, sig, when)
+            _signal_action(run.state, sig)(run, sig, when)
     # While a list reap is pending, the zombie that made it so still hides the
     # others from waitid(): a SIGCHLD (a storm sends thousands) changes nothing.
-    if run.reap_pending:
-        if _now() >= run.next_list_reap:
-            _reap_exited(run)
+    if run.reaper.pending:
+        if _now() >= run.reaper.next_list_reap:
+            run.reaper.reap_exited()
     elif child_exited:
-        _reap_exited(run)
+        run.reaper.reap_exited()
 
 
-def _signal_kind(sig):
+def _signal_action(state, sig):
+    actions = _SIGNAL_ACTIONS[state]
     if sig in _FORWARDED_SIGNALS:
-        return 1
-    return 2 if sig == signal.SIGTSTP else 0
+        return actions.forwarded
+    return actions.suspend if sig == signal.SIGTSTP else actions.stop
 
 
 def _request_stop(run, sig, when):
@@ -1750,65 +2842,25 @@ def _ignore_signal(run, sig, when):
     pass
 
 
-# What a signal does, by the state of the run: (stop, forward, suspend).
+class _Actions(object):
+    """What each kind of signal does in one state."""
+    __slots__ = ("stop", "forwarded", "suspend")
+
+    def __init__(self, stop, forwarded, suspend):
+        self.stop, self.forwarded, self.suspend = stop, forwarded, suspend
+
+
+# What a signal does, by the state of the run: a stop signal (TERM, INT, HUP
+# and every other that would end us), a forwarded one (USR1, USR2, WINCH),
+# and SIGTSTP. SIGCHLD reaps in every state (_act_on_signals).
 _SIGNAL_ACTIONS = {
-    "starting": (_request_stop, _ignore_signal, _ignore_signal),
-    "running": (_request_stop, _forward, _suspend_on_signal),
-    "terminating": (_hurry, _forward, _ignore_signal),
-    "killing": (_hurry, _ignore_signal, _ignore_signal),
-    "draining": (_hurry, _ignore_signal, _ignore_signal),
-    "done": (_ignore_signal, _ignore_signal, _ignore_signal),
+    "starting": _Actions(stop=_request_stop, forwarded=_ignore_signal, suspend=_ignore_signal),
+    "running": _Actions(stop=_request_stop, forwarded=_forward, suspend=_suspend_on_signal),
+    "terminating": _Actions(stop=_hurry, forwarded=_forward, suspend=_ignore_signal),
+    "killing": _Actions(stop=_hurry, forwarded=_ignore_signal, suspend=_ignore_signal),
+    "draining": _Actions(stop=_hurry, forwarded=_ignore_signal, suspend=_ignore_signal),
+    "done": _Actions(stop=_ignore_signal, forwarded=_ignore_signal, suspend=_ignore_signal),
 }
-
-
-def _reap_exited(run):
-    """The reaper: every exited child of ours that _reap_child() may reap.
-    Runs whenever SIGCHLD wakes a wait, in every state, so zombies never pile
-    up (and during a long look, by the tree's reap hook). A call reaps at most
-    _REAP_BATCH, or a page of the list of our children (see below): a storm
-    can make zombies faster than a starved supervisor reaps them, and the
-    caller's deadlines must be looked at in between; _wait() comes straight
-    back for the rest."""
-    run.reap_pending = False  # until this call finds that more is to be done
-    end = _now() + _REAP_SLICE
-    for _ in range(_REAP_BATCH):
-        if _now() >= end:
-            break
-        try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if info is None:
-            return
-        if _reap_child(run, info.si_pid):
-            continue
-        # The command's zombie (or the caller's) is the one waitid() shows, and
-        # it hides the others behind it: reap them by pid, from the oldest of
-        # our children, where those that died first are. That costs a syscall
-        # a child, so at most every _REAP_LIST_INTERVAL while it finds some;
-        # _wait() wakes up for the next round.
-        now = _now()
-        if now < run.next_list_reap:
-            run.reap_pending = True
-            return
-        oldest = run.tree.oldest_children()
-        reaped = [pid for pid in oldest if _reap_child(run, pid)]
-        if not reaped and len(oldest) > _REAP_BATCH:  # a page of live ones: look past it
-            reaped = [pid for pid in run.tree.own_children(_now() + _REAP_SLICE)[len(oldest):]
-                      if _reap_child(run, pid)]
-        run.next_list_reap, run.reap_pending = now + _REAP_LIST_INTERVAL, bool(reaped)
-        return
-    run.reap_pending, run.next_list_reap = True, _now()  # more to reap: right after a look
-
-
-def _reap_child(run, pid):
-    """The one rule of reaping: pid, if it is an exited child of ours, but
-    never the command before done (its zombie keeps its group id from being
-    reused while the group is signalled), nor a child the caller had before
-    the run (the caller waits for it). Did it reap?"""
-    if (pid == run.pid and not run.reaped) or not run.tree.reapable(pid):
-        return False
-    return _reap_pid(pid)
 
 
 def _command_exited(run):
@@ -1821,8 +2873,6 @@ def _command_exited(run):
         if info is not None:
             run.exit_info = info
     return run.exit_info is not None
-
-
 # --- Job control: the terminal, Ctrl-Z, forwarded signals ------------------------------------
 
 def _caller_terminal():
@@ -1890,8 +2940,11 @@ def _suspend(run):
 
 
 def _check_job_control(run):
-    """With the terminal handed over, Ctrl-Z stops the command: suspend with it."""
-    if run.terminal is None:
+    """With the terminal handed over, Ctrl-Z stops the command: suspend with
+    it. Not under --user: an untrusted command that stops itself must not
+    suspend the supervisor, and with it the deadline (at the stop it gets
+    SIGCONT with the stop signal, as any stopped member does)."""
+    if run.terminal is None or run.plan.user is not None:
         return
     try:
         info = os.waitid(os.P_PID, run.pid, os.WSTOPPED | os.WNOHANG)
@@ -1904,14 +2957,15 @@ def _check_job_control(run):
 # --- The phases of a run ---------------------------------------------------------------------
 
 def _prepare(run):
-    """starting: refuse what cannot work; become a subreaper; take over signals."""
+    """starting: refuse what cannot work; become a subreaper; hold the run
+    (its containment); take over signals."""
     _require_linux()
     try:
         import resource  # noqa: F401  now: lifting the fd limit must not need an fd
     except ImportError as e:
         raise SupervisorError("cannot load the resource module (ulimit -n?): %s" % e)
     run.fs = _ProcFS()
-    run.tree = _ProcTree(run.fs, _containment_kind(run.fs))
+    _choose_containment(run)
     try:
         run.subreaper_before = _set_subreaper(True)
     except OSError as e:
@@ -1926,21 +2980,80 @@ def _prepare(run):
         _set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != parent:
             run.catcher.pending.append((signal.SIGTERM, _now()))
-    run.tree.note_inherited()
-    run.tree.reap = lambda: _reap_exited(run)
-    run.tree.reap_child = lambda pid: _reap_child(run, pid)
+    run.callers.note(run.fs, run.children)
     if run.plan.stop_path is not None:
         run.watch = _StopFileWatch(run.plan.stop_path)
+    _give_memory_back()  # the compiler's garbage: before the fork, which copies it
 
 
-def _containment_kind(fs):
-    """"children" where the kernel lists children, else "scan". The variable
-    SUPERVISOR_CONTAINMENT=scan forces the fallback (it is how the tests
-    prove it on a kernel that has both)."""
-    wanted = os.environ.get("SUPERVISOR_CONTAINMENT", "")
-    if wanted == "scan" or not fs.has_children_files:
-        return "scan"
-    return "children"
+def _choose_containment(run):
+    """The run's containment, chosen once: a cgroup of its own where one can
+    be made and is ours to use (--containment auto, the default; cgroup
+    insists), else the /proc walk. How the walk enumerates is a level
+    below: the children files, or, without them (or with
+    SUPERVISOR_CONTAINMENT=scan, how the tests prove the fallback), a scan
+    of every process. Reaping, the caller's jobs, descriptors and the record
+    of what was drained live beside it."""
+    fs, plan = run.fs, run.plan
+    scan = os.environ.get("SUPERVISOR_CONTAINMENT") == "scan" or not fs.has_children_files
+    run.children = _Children(fs, scan)
+    run.callers = _CallersJobs()
+    run.reaper = _Reaper(run.children, run.callers)
+    run.budget, run.record = _FdBudget(fs), _Record(fs)
+    parts = (fs, run.children, run.callers, run.reaper, run.budget, run.record)
+    if plan.containment != "proc":
+        try:
+            home, cgroup = _cgroup_for_run(fs)
+        except _NoCgroup as e:
+            if plan.containment == "cgroup":
+                raise SupervisorError("--containment cgroup: %s; use --containment auto or proc"
+                                      % e)
+            run.cgroup_unavailable = str(e)
+        else:
+            run.containment = _CgroupContainment(fs, home, cgroup, _EscapeeWalk(*parts + (None,)),
+                                                 run.record, _can_leave_cgroups(plan, home))
+            return
+    run.containment = _ProcContainment(*parts)
+
+
+def _cgroup_for_run(fs):
+    """(our cgroup, the run's, made in it), or _NoCgroup saying why not. A
+    limit that ran out (descriptors, memory) is no reason to fall back: it
+    is one line naming the limit, as anywhere else."""
+    try:
+        home = _find_cgroup_home(fs)
+        try:
+            return home, _make_run_cgroup(home)
+        except BaseException:
+            home.close()
+            raise
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+            raise SupervisorError("cgroup: %s" % _os_error_text(e))
+        raise _NoCgroup("%s: %s" % (getattr(e, "filename", None) or "cgroup", e.strerror))
+
+
+def _can_leave_cgroups(plan, home):
+    """Could the command move a process out of the run's cgroup? Root can
+    (it writes the pid into another cgroup.procs); a --user command cannot,
+    unless that user owns, or may write, a cgroup.procs from our cgroup up.
+    Where it cannot, `populated 0` alone confirms; where it can, a /proc
+    walk looks for what left (_EscapeeWalk)."""
+    user = plan.user
+    if user is None or user.uid == 0 or not user.switching:
+        return True
+    directory = home.shown()
+    while True:
+        try:
+            st = os.stat(os.path.join(directory, "cgroup.procs"))
+        except OSError:
+            return True  # cannot tell: assume it can
+        if st.st_uid == user.uid or st.st_mode & 0o002 or (
+                st.st_mode & 0o020 and (st.st_gid == user.gid or st.st_gid in user.groups)):
+            return True
+        if directory.rstrip("/") == home.mount_point.rstrip("/"):
+            return False
+        directory = os.path.dirname(directory.rstrip("/"))
 
 
 def _stopped_before_start(run):
@@ -1989,9 +3102,11 @@ class _ExecReport(object):
 
 
 def _start_command(run):
-    """Fork, and exec COMMAND in a process group of its own with the caller's
-    stdio, environment, signal mask and ignored signals. -> running"""
+    """Fork, and exec COMMAND in a process group of its own (and the run's
+    cgroup) with the caller's stdio, environment, signal mask and ignored
+    signals."""
     read_end, write_end = _pipe()
+    run.fork_rss_kib = _own_rss_kib(run.fs)
     # All signals blocked across fork: the child must not run our handlers.
     own_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _VALID_SIGNALS)
     try:
@@ -2011,19 +3126,29 @@ def _start_command(run):
         os.setpgid(pid, pid)  # also in the parent, so the group exists either way
     except OSError:
         pass  # EACCES: the child has already done it and exec'd
-    run.pid = run.pgid = pid
-    run.tree.started(pid)
+    run.pid = run.pgid = run.reaper.command = pid
+    run.containment.started(pid)
     run.report = _ExecReport(read_end)
-    _enter(run, "running")
     if run.terminal is not None:
         _give_terminal(run.terminal, pid)
+
+
+def _own_rss_kib(fs):
+    """Our resident set now (/proc/self/statm): the image the command starts
+    as, before its exec, whose peak the kernel keeps in its ru_maxrss."""
+    try:
+        pages = int((fs.read("self/statm") or b"0 0").split()[1])
+    except (ObservationError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def _exec_command(run, report_fd):
     step = "setpgid"
     try:
         os.setpgid(0, 0)
-        run.tree.join_in_child()
+        step = "cgroup"
+        run.containment.join_in_child()
         if run.terminal is not None:
             step = "tcsetpgrp"
             os.tcsetpgrp(run.terminal, os.getpid())  # SIGTTOU is blocked here
@@ -2038,6 +3163,13 @@ def _exec_command(run, report_fd):
         if user is not None:
             step = "prctl(PR_SET_NO_NEW_PRIVS)"  # no setuid binary brings root back
             _libc().call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if run.plan.stop_signal:
+            # As timeout(1): should the supervisor be killed, the command gets
+            # the stop signal (after the uid switch, which would clear it).
+            step = "prctl(PR_SET_PDEATHSIG)"
+            _set_parent_death_signal(run.plan.stop_signal)
+            if os.getppid() != run.supervisor_pid:
+                os.kill(os.getpid(), run.plan.stop_signal)
         step = "chdir"
         os.chdir(run.plan.workdir)
         run.catcher.reset_for_command()
@@ -2057,6 +3189,8 @@ def _exec_from_path(name, argv, environment):
     interpreter's own library may be out of that user's reach (os.execvpe
     imports warnings). The same search: each PATH entry in turn, the first
     error that is not "not there" reported."""
+    if not name:  # as execvp(""): nothing by that name (os.execve refuses it: ValueError)
+        raise FileNotFoundError(errno.ENOENT, "not found")
     if (b"/" if isinstance(name, bytes) else "/") in name:
         os.execve(name, argv, environment)
     first = last = None
@@ -2131,249 +3265,355 @@ def _why_stopped(run):
 
 def _take_the_cpu(run):
     """A forced stop competes for the CPU with whatever of the run still
-    runs, and a tree that keeps forking in sessions of its own gets as much
-    as we do per session (autogroups) or per task (cgroups): enough to
-    starve the drain. Where we may (CAP_SYS_NICE), the cleanup runs at the
-    highest priority, given back once the run is done. Best effort.
-
-    The session's autogroup is shared: another supervisor of the session
-    (nested, or running beside us) may have taken it already, and its value
-    then is not one to give back. Found at _CLEANUP_AUTOGROUP_NICE, it is
-    left to that supervisor, which gives it back when it is done."""
+    runs in our session (the command's group is in it). Where we may
+    (CAP_SYS_NICE) the cleanup runs at nice -20, given back at done. Only our
+    own priority: it dies with us. (The session's autogroup, which would
+    also outrank processes in sessions of their own, is shared with the
+    caller and outlived a SIGKILL of ours: it is left alone. With a cgroup
+    of the run's own, a storm ends at once and needs no priority.)"""
     if not _has_capability(_CAP_SYS_NICE, run.fs):
         return
     try:
-        nice, group_nice = os.getpriority(os.PRIO_PROCESS, 0), run.fs.autogroup_nice()
-        taken = group_nice is not None and group_nice != _CLEANUP_AUTOGROUP_NICE
-        group_fd = run.fs.open_autogroup() if taken else None
-        run.saved_priority = (nice, group_nice, group_fd)
+        run.saved_nice = os.getpriority(os.PRIO_PROCESS, 0)
         os.setpriority(os.PRIO_PROCESS, 0, -20)
-        if group_fd is not None:
-            # The file cannot seek: pwrite() is ESPIPE.
-            os.write(group_fd, str(_CLEANUP_AUTOGROUP_NICE).encode())
     except (OSError, ValueError):
-        pass
-
-
-def _set_autogroup_nice(fd, nice):
-    """Without CAP_SYS_ADMIN the kernel takes one autogroup change per 100 ms
-    on the whole host (EAGAIN otherwise): then wait for the next."""
-    try:
-        os.write(fd, str(nice).encode())
-    except BlockingIOError:
-        time.sleep(0.1)
-        os.write(fd, str(nice).encode())
+        run.saved_nice = None
 
 
 def _give_back_the_cpu(run):
-    """Our session's autogroup outlives us (the caller's shell is in it):
-    its priority goes back before the receipt, in the CLI too."""
-    saved, run.saved_priority = run.saved_priority, None
-    if saved is None:
-        return
-    nice, group_nice, group_fd = saved
-    try:
-        if group_fd is not None:
-            _set_autogroup_nice(group_fd, group_nice)
-    except (OSError, ValueError):
-        pass
-    finally:
-        if group_fd is not None:
-            os.close(group_fd)
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-    except (OSError, ValueError):
-        pass
-
-
-def _stop_forced(run):
-    """Deadline, stop file or signal: keep the detached services, stop the
-    group (the stop signal, a grace, SIGKILL), then drain the whole run."""
-    tree, plan = run.tree, run.plan
-    _take_the_cpu(run)
-    _say(run, "stopping the run: %s; %s to the command's group" % (
-        _why_stopped(run), _signal_name(plan.stop_signal)))
-    grace_endtime = _enter(run, "terminating")
-    # Frozen while we look, no member can die and hand us its children before
-    # the services adopted before the decision are noted. The stop signal
-    # comes after the look: a stopped process still dies at once of a
-    # SIGTERM it does not handle (the kernel's fatal-signal shortcut).
-    tree.signal(_GROUP, signal.SIGSTOP)
-    scope = _RUN if plan.drain_all else _GROUP  # --drain-all: services get the stop signal too
-    if not plan.drain_all:
-        tree.keep(tree.detached(grace_endtime))
-    tree.begin_cleanup()
-    members = tree.members(scope, grace_endtime)  # while frozen: each one the stop may end is seen
-    tree.signal(scope, plan.stop_signal, grace_endtime)
-    tree.signal(_GROUP, signal.SIGCONT)
-    _await_gone(run, members, grace_endtime)
-    kill_endtime = _enter(run, "killing")
-    # Even when all seemed gone: a member forked during the grace must not
-    # fork again while the drain looks.
-    tree.signal(_GROUP, signal.SIGKILL)
-    while not _command_exited(run) and _now() < kill_endtime:
-        _wait(run, kill_endtime)  # SIGCHLD wakes us; it may sit in D state
-    _drain(run, _RUN)
-    _drain_strays(run)
-
-
-def _finish_natural(run):
-    """The command exited by itself: stop what is left of its group (the
-    stop signal, a grace, SIGKILL); what lives outside it keeps running."""
-    _take_back_terminal(run)
-    tree, plan = run.tree, run.plan
-    scope = _RUN if plan.drain_all else _GROUP  # --drain-all: nothing is kept
-    # Frozen, no member can fork while we look: one look is then the truth.
-    tree.signal(_GROUP, signal.SIGSTOP)
-    tree.begin_cleanup()
-    members = tree.members(scope, _now() + plan.cleanup_timeout)
-    if members:
-        grace_endtime = _enter(run, "terminating")
-        tree.signal(scope, plan.stop_signal, grace_endtime)
-        tree.signal(_GROUP, signal.SIGCONT)
-        _await_gone(run, members, grace_endtime)
-    _drain(run, scope)
-    if plan.drain_all:
-        _drain_strays(run)
-
-
-def _await_gone(run, procs, endtime):
-    """The grace: wait until each process has exited, `endtime`, or a later stop
-    signal asks to hurry."""
-    pins = run.tree.pins(procs)
-    try:
-        _await_exits(run, pins, endtime, interruptible=True)
-    finally:
-        _close_pins(pins)
-
-
-def _await_exits(run, pins, endtime, interruptible=False):
-    """Block until every pinned process has exited: False at `endtime`, or, when
-    interruptible, as soon as a later stop signal asks to hurry."""
-    delay = _EXIT_POLL_FIRST
-    for pin in _still_running(run, pins):
-        while not pin.exited(run.fs):
-            if _now() >= endtime or (interruptible and run.hurry):
-                return False
-            if pin.fd is None:  # no pidfd: nothing will wake us, so poll
-                _wait(run, min(endtime, _now() + delay))
-                delay = min(delay * 2, _EXIT_POLL_MAX)
-            else:
-                _wait(run, endtime, (pin.fd,))
-        run.tree.note_gone(pin.proc)
-    return True
-
-
-def _still_running(run, pins):
-    """The pins whose process has not exited, found with one poll() for all
-    that have a pidfd: after a stop signal most have exited already, and
-    looking at a thousand one select() at a time costs milliseconds."""
-    polled = [pin for pin in pins if pin.fd is not None]
-    exited = set()
-    if polled:
-        poller = select.poll()
-        for pin in polled:
-            poller.register(pin.fd, select.POLLIN)
-        exited = set(fd for fd, _ in poller.poll(0))
-    running = []
-    for pin in pins:
-        if pin.fd in exited:
-            run.tree.note_gone(pin.proc)
-        else:
-            running.append(pin)
-    return running
-
-
-def _drain(run, scope):
-    """draining: freeze and SIGKILL everything in scope, round after round,
-    until a stable look finds nothing alive, within one budget; then a last
-    SIGKILL pass and the confirming look, within _FINAL_PASS_LIMIT."""
-    endtime = _enter(run, "draining")
-    tree = run.tree
-    while _now() < endtime:
-        walk = tree.kill(scope, endtime)
+    saved, run.saved_nice = run.saved_nice, None
+    if saved is not None:
         try:
-            if not walk.found and walk.stable:
-                run.survivors, run.stable = tree.confirm(scope, endtime, previous=walk)
+            os.setpriority(os.PRIO_PROCESS, 0, saved)
+        except (OSError, ValueError):
+            pass
+
+
+def _supervise_started(run):
+    """The driver, from the command's start: the states of a run, in order,
+    and the phase each one runs. It alone moves the state.
+
+        running      until the command exits, the deadline, the stop file
+                     or a stop signal
+        terminating  freeze; keep what the policy keeps; look; the stop
+                     signal; thaw; the grace
+        killing      (a forced stop) SIGKILL; the command's own process
+        draining     everything else of the run, until confirmed
+        done         the receipt's last looks
+    """
+    try:
+        _start_command(run)
+        _enter(run, "running")
+        _run_until_stop(run)
+        _leave_running(run)
+        if run.report.failure:
+            _note_exec_failure(run)
+            _enter(run, "done")
+            return
+        keep = _keep_what(run)
+        if run.stop_reason is not None:
+            _take_the_cpu(run)
+            _say(run, "stopping the run: %s; %s" % (_why_stopped(run), _first_signal(run)))
+            endtime = _enter(run, "terminating")
+            _stop_and_wait(run, _look_frozen(run, keep, endtime), endtime)
+            _kill_command(run, _enter(run, "killing"))
+        else:
+            members = _look_frozen(run, keep, _now() + run.plan.cleanup_timeout)
+            if members:
+                _stop_and_wait(run, members, _enter(run, "terminating"))
+            else:
+                run.containment.thaw()
+        if keep != _KEEP_EVERYTHING:
+            _drain(run, _enter(run, "draining"))
+            if keep != _KEEP_OUTSIDE_GROUP:
+                _drain_strays(run)
+        _enter(run, "done")
+        _finish(run)
+    except Exception as e:
+        if run.pid is None:
+            raise  # the fork itself failed: nothing started, nothing to end
+        _fail(run, e)
+        if run.state not in ("draining", "done"):
+            _drain_after_failure(run, _enter(run, "draining"))
+        if run.state != "done":
+            _enter(run, "done")
+        _reap_after_failure(run)
+
+
+def _leave_running(run):
+    if run.watch is not None:
+        run.watch.retire()  # now, so that closing it at exit costs nothing
+    if run.stop_reason is None:
+        _take_back_terminal(run)
+
+
+def _first_signal(run):
+    if not run.plan.stop_signal:
+        return "no signal first (-s 0): the grace, then SIGKILL"
+    return "%s to the run" % _signal_name(run.plan.stop_signal)
+
+
+def _keep_what(run):
+    """What the policy keeps out of the drain, for this ending.
+    drain-all: nothing. keep-services: at a forced stop the detached
+    services (our children outside the group, adopted before the decision);
+    at a natural exit every process outside the group.
+    preserve-descendants-on-success: everything, when the command exited by
+    itself with status 0 and nothing stopped the run; else nothing."""
+    policy, forced = run.plan.policy, run.stop_reason is not None
+    if policy == "keep-services":
+        return _KEEP_DETACHED if forced else _KEEP_OUTSIDE_GROUP
+    if policy == "preserve-descendants-on-success" and not forced and _succeeded(run):
+        return _KEEP_EVERYTHING
+    return _KEEP_NOTHING
+
+
+def _succeeded(run):
+    """Exited by itself with 0, with no stop asked for (not even one that came
+    with the exit), and no stop file there now."""
+    return (run.exit_info is not None and _return_code(run.exit_info) == 0
+            and not run.hurry and not (run.watch is not None and run.watch.exists()))
+
+
+def _look_frozen(run, keep, endtime):
+    """Frozen, no member can die and hand us its children, nor fork, before
+    what is kept is taken out of the drain and the rest is seen: each one
+    the stop may end is recorded. Returns the members to end."""
+    containment = run.containment
+    frozen = containment.freeze()
+    if frozen is not None:
+        _wait_for(run, frozen, min(endtime, _now() + _FREEZE_LIMIT))
+    containment.keep(keep, endtime)
+    run.record.on = True
+    return containment.members(endtime)
+
+
+def _stop_and_wait(run, members, endtime):
+    """The stop signal (a stopped process still dies at once of a SIGTERM it
+    does not handle: the kernel's fatal-signal shortcut), thaw, and the
+    grace: until each member has exited, `endtime`, or a later stop signal
+    asks to hurry."""
+    containment = run.containment
+    containment.signal(run.plan.stop_signal, endtime)
+    containment.thaw()
+    waiter = containment.waiter(members)
+    try:
+        if not _wait_for(run, waiter, endtime, interruptible=True):
+            run.killed = True
+            _say(run, "the grace ran out (%gs)%s: SIGKILL" % (
+                run.plan.cleanup_timeout, " (hurried)" if run.hurry else ""))
+    finally:
+        waiter.close()
+
+
+def _kill_command(run, endtime):
+    """SIGKILL what can be killed at once (the group; with a cgroup, the
+    whole run), even when all seemed gone: a member forked during the grace
+    must not fork again while the drain looks. Then up to cleanup_timeout
+    for the command's own process (it may sit in D state)."""
+    run.containment.kill(endtime)
+    while not _command_exited(run) and _now() < endtime:
+        _wait(run, endtime)  # SIGCHLD wakes us
+
+
+def _drain(run, endtime):
+    """draining: SIGKILL everything in scope, round after round, until a
+    stable look finds nothing alive, within one budget; then a last SIGKILL
+    pass and the confirming look, within _FINAL_PASS_LIMIT."""
+    containment = run.containment
+    while _now() < endtime:
+        round_ = containment.kill_round(endtime)
+        try:
+            if round_.clear:
+                run.survivors, run.stable = containment.confirm(endtime, round_)
                 if run.stable and not run.survivors:
                     return
-            if walk.pins:
-                _await_exits(run, walk.pins, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
-            elif walk.found:  # nothing provable yet: an adoption (SIGCHLD) or a moment
-                _wait(run, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
-            else:  # nothing alive, but the look was disturbed (a zombie reaped): soon again
-                _wait(run, min(endtime, _now() + _UNSETTLED_RETRY))
+            _wait_for(run, round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
         finally:
-            _close_pins(walk.pins)
+            round_.close()
+    run.killed = True
     final_endtime = _now() + _FINAL_PASS_LIMIT
-    _close_pins(tree.kill(scope, final_endtime).pins)
-    run.survivors, run.stable = tree.confirm(scope, final_endtime)
+    containment.kill_round(final_endtime).close()
+    run.survivors, run.stable = containment.confirm(final_endtime)
 
 
 def _drain_strays(run):
-    """After a forced stop's confirmation: a kept service that died since then
-    handed its children (left alone while it lived) to us. Adopted after the
-    decision, they are the run's: drain them too, and look again, within
-    _FINAL_PASS_LIMIT, so that what the receipt keeps and what it confirms
-    cover every process of the run."""
-    tree = run.tree
+    """After the confirmation: a kept service that died since then handed its
+    children (left alone while it lived) to us. Adopted after the decision,
+    they are the run's (with a cgroup: only what left the cgroups): drain
+    them too, and look again, within _FINAL_PASS_LIMIT, so that what the
+    receipt keeps and what it confirms cover every process of the run."""
+    containment = run.containment
     endtime = _now() + _FINAL_PASS_LIMIT
     while not run.survivors and run.stable:
-        strays = [p for p in tree.detached(endtime) if p.identity not in tree.kept]
+        strays = containment.strays(endtime)
         if _now() >= endtime:  # out of time, perhaps before the look was whole
             run.survivors, run.stable = strays, False
             return
         if not strays:
             return
-        walk = tree.kill(_RUN, endtime)
+        round_ = containment.drain_strays(endtime)
         try:
-            _await_exits(run, walk.pins, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
+            _wait_for(run, round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
         finally:
-            _close_pins(walk.pins)
-        run.survivors, run.stable = tree.confirm(_RUN, endtime)
+            round_.close()
+        run.survivors, run.stable = containment.confirm(endtime)
 
 
 def _finish(run):
     """done: the run is drained; now the command's zombie may go. The
-    services kept are those alive now."""
-    _enter(run, "done")
+    services kept are those alive now; then the last looks."""
     _give_back_the_cpu(run)
+    _reap_command(run)
+    containment = run.containment
+    endtime = _now() + _FINISH_LIMIT
+    run.preserved = containment.preserved(endtime)
+    if not run.survivors and run.stable:
+        run.survivors = containment.last_look(endtime, run.preserved)
+    if _now() >= endtime:  # a look cut short claims nothing
+        run.stable = False
+    run.unattributed = [p for p in run.callers.unattributed.values() if _alive(run.fs, p)]
+    if run.plan.user is not None and run.plan.user.switching:
+        run.foreign = _foreign_processes(run, _now() + _FINISH_LIMIT)
+    _note_survivors(run)
+    _finish_containment(run)
+
+
+def _reap_command(run):
+    run.reaper.command = None  # from now on the command may be reaped
     if _command_exited(run) and not run.reaped:
-        run.report.read(block=True)
-        if run.report.failure:
+        if run.report is not None:
+            run.report.read(block=True)
+        if run.report is not None and run.report.failure:
             _note_exec_failure(run)
         else:
             os.waitid(os.P_PID, run.pid, os.WEXITED)
             run.reaped = True
-    run.next_list_reap = 0  # the last reap: a zombie of the caller's hides none of ours
-    _reap_exited(run)
-    tree = run.tree
-    forced = run.stop_reason is not None
-    endtime = _now() + _FINISH_LIMIT
-    if not run.plan.drain_all:
-        run.preserved = [p for p in tree.detached(endtime)
-                         if not forced or p.identity in tree.kept]
-    # The services were free to run since the confirming look: one that died
-    # meanwhile handed its children to us, and one could have put a process
-    # in the command's group. A live child of ours that is neither the
-    # command, a service kept above, nor the caller's, is the run's, alive.
-    if not run.survivors and run.stable:
-        kept = set(p.identity for p in run.preserved)
-        run.survivors = [p for p in tree.live_children(endtime)
-                         if p.pid != run.pid and p.identity not in kept
-                         and not tree.is_inherited(p)]
-    if _now() >= endtime:  # a look cut short claims nothing
-        run.stable = False
-    run.unattributed = [p for p in tree.unattributed.values() if tree.alive(p)]
+    run.reaper.next_list_reap = 0  # the last reap: a zombie of the caller's hides none of ours
+    run.reaper.reap_exited()
+
+
+def _alive(fs, proc):
+    now = fs.stat(proc.pid)
+    return now is not None and now.live and now.start == proc.start
+
+
+def _foreign_processes(run, endtime):
+    """--user: processes of that uid that started after the run began and
+    are not of its tree (one scan of /proc, by the owner of each entry).
+    Another sandbox of the same uid, or a process the command took over
+    (ptrace), cannot be told from the run's: they keep it from being
+    confirmed. Give each sandbox a uid of its own."""
+    uid, me = run.plan.user.uid, os.getpid()
+    started = _boot_ticks(run.fs, run.started_wall)
+    found, ours = [], set()
+    for name in run.fs.listing(".") or ():
+        if _now() >= endtime:
+            run.stable = False
+            break
+        if not name.isdigit() or run.fs.owner(int(name)) != uid:
+            continue
+        proc = run.fs.stat(int(name))
+        if proc is None or not proc.live or proc.start < started:
+            continue
+        if not _descends_from(run.fs, proc, me, ours):
+            found.append(proc)
+    return found
+
+
+def _boot_ticks(fs, wall):
+    """A time.time() as /proc/PID/stat's start time counts it (clock ticks
+    since boot), one tick early: what started after the run began is later."""
+    try:
+        uptime = float((fs.read("uptime") or b"0").split()[0])
+    except (ValueError, IndexError):
+        return 0
+    booted = time.time() - uptime
+    return max(0, int((wall - booted) * os.sysconf("SC_CLK_TCK")) - 1)
+
+
+def _descends_from(fs, proc, ancestor, ours):
+    """Is proc below ancestor? By the ppid chain (the pids found ours are
+    remembered)."""
+    chain = []
+    while proc is not None and proc.pid not in ours:
+        if proc.ppid == ancestor:
+            break
+        if proc.ppid <= 1:
+            return False
+        chain.append(proc.pid)
+        proc = fs.stat(proc.ppid)
+    if proc is None:
+        return False
+    ours.update(chain)
+    return True
+
+
+def _note_survivors(run):
+    """When the run is not confirmed, `survivors` lists what is alive: the
+    look's finding, or, if that is empty (the look was cut short, or kept
+    being disturbed), a census of the run, capped, with the count beside."""
+    if not run.survivors and not _confirmed(run):
+        try:
+            run.survivors = run.containment.census(_now() + _CENSUS_LIMIT)
+        except (ObservationError, OSError):
+            pass
+    run.survivors_count = len(run.survivors)
+    run.survivors = run.survivors[:_SURVIVORS_LIMIT]
+
+
+def _finish_containment(run):
+    finish = getattr(run.containment, "finish", None)
+    if finish is not None:
+        finish(_confirmed(run))
+
+
+def _confirmed(run):
+    return (not run.survivors and run.stable and not run.failed and not run.unattributed
+            and not run.foreign)
+
+
+def _fail(run, error):
+    """The supervisor itself failed once the command had started (a bug, a
+    resource it cannot get): end what it started rather than leave it
+    unsupervised (SIGKILL the group, whose leader is still held; with a
+    cgroup, all of the run); the drain that follows is best effort, and the
+    receipt says so: not confirmed, whatever the drain saw."""
+    run.failed = True
+    run.error = ("supervisor failed: %s" % error if isinstance(error, SupervisorError)
+                 else "supervisor failed: %s: %s" % (type(error).__name__, error))
+    _abandon(run)
+
+
+def _drain_after_failure(run, endtime):
+    try:
+        _drain(run, endtime)
+    except Exception:
+        pass  # what failed may fail again: the receipt already says not confirmed
+
+
+def _reap_after_failure(run):
+    """The command was SIGKILLed: wait for it (within cleanup_timeout), then
+    reap it, so that an API caller is left no zombie."""
+    try:
+        endtime = _now() + run.plan.cleanup_timeout
+        while not _command_exited(run) and _now() < endtime:
+            _wait(run, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
+        _reap_command(run)
+    except Exception:
+        pass
 
 
 def _abandon(run):
-    """The supervisor itself failed mid-run: kill the group rather than leave
-    it running unsupervised (its leader is still held, so the id is ours),
-    and give back the CPU priority the cleanup took."""
+    """Kill the command's group (its leader is still held, so the id is
+    ours) and, with a cgroup, the whole run; give back the CPU priority."""
     if run.pid is not None and not run.reaped:
         _quietly_signal(run.pgid, signal.SIGKILL, group=True)
         _quietly_signal(run.pid, signal.SIGKILL)
+        try:
+            run.containment.kill(_now())
+        except Exception:
+            pass  # it is what failed, perhaps
     _give_back_the_cpu(run)
 
 
@@ -2381,7 +3621,7 @@ def _release(run):
     """Give back what the run took: terminal, fds, signals, subreaper bit.
     Each step is best effort: the receipt no longer depends on it."""
     steps = [lambda: _take_back_terminal(run), lambda: _give_back_the_cpu(run)]
-    for part in (run.watch, run.report, run.tree, run.fs, run.catcher):
+    for part in (run.watch, run.report, run.containment, run.budget, run.fs, run.catcher):
         if part is not None:
             steps.append(part.close)
     if run.subreaper_before is False:
@@ -2391,8 +3631,6 @@ def _release(run):
             step()
         except Exception:
             pass
-
-
 # --- The receipt --------------------------------------------------------------------------------
 
 def _iso_utc(timestamp):
@@ -2405,14 +3643,15 @@ def _exit_status(run, confirmed):
         return EXIT_FAILURE
     if run.error_exit is not None:
         return run.error_exit
-    if run.plan.preserve_status and run.exit_info is not None:
-        code = _return_code(run.exit_info)
+    code = _return_code(run.exit_info) if run.exit_info is not None else None
+    if run.plan.preserve_status and code is not None:
         return code if code >= 0 else 128 - code
+    if run.stop_reason is not None and code == -signal.SIGKILL:
+        return EXIT_KILLED  # as timeout(1): the stop had to end it with SIGKILL
     if run.stop_reason in ("timeout", "stop_file"):
         return EXIT_TIMED_OUT
     if run.stop_reason == "signal":
         return 128 + run.stop_signal
-    code = _return_code(run.exit_info)
     return code if code >= 0 else 128 - code
 
 
@@ -2422,25 +3661,38 @@ def _children_usage():
 
 
 def _usage(run):
-    """CPU of every process of the run that was reaped, directly or below
-    one that was (RUSAGE_CHILDREN as the subreaper sees it), and the largest
-    single process's peak RSS: the kernel keeps a maximum, not a sum."""
-    if run.usage_before is None:
-        return {"cpu_user_s": 0.0, "cpu_system_s": 0.0, "max_rss_kib": 0}
-    now, before = _children_usage(), run.usage_before
-    return {"cpu_user_s": round(now.ru_utime - before.ru_utime, 6),
-            "cpu_system_s": round(now.ru_stime - before.ru_stime, 6),
-            "max_rss_kib": now.ru_maxrss}
+    """What the run cost. With a cgroup, its CPU from cpu.stat (every process
+    it held, reaped or not) and memory.peak where the memory controller is
+    on; else the CPU of every process of the run that was reaped, directly or
+    below one that was (RUSAGE_CHILDREN as the subreaper sees it). Either
+    way max_rss_kib is the largest peak RSS of one reaped process (the
+    kernel keeps a maximum, not a sum), which for the command's own process
+    starts at fork_rss_kib: it begins as a copy of the supervisor, and the
+    kernel keeps that peak through its exec."""
+    usage = {"source": "rusage", "cpu_user_s": 0.0, "cpu_system_s": 0.0, "max_rss_kib": 0,
+             "memory_peak_kib": None, "fork_rss_kib": run.fork_rss_kib}
+    if run.usage_before is not None:
+        now, before = _children_usage(), run.usage_before
+        usage.update(cpu_user_s=now.ru_utime - before.ru_utime,
+                     cpu_system_s=now.ru_stime - before.ru_stime, max_rss_kib=now.ru_maxrss)
+    from_cgroup = run.containment.usage() if run.containment is not None else None
+    if from_cgroup is not None:
+        usage.update(from_cgroup)
+    usage["cpu_user_s"] = round(usage["cpu_user_s"], 6)
+    usage["cpu_system_s"] = round(usage["cpu_system_s"], 6)
+    return usage
 
 
 def _build_receipt(run, ended_wall, ended):
-    confirmed = not run.survivors and run.stable and not run.failed and not run.unattributed
+    confirmed = _confirmed(run)
     ladder = [{"step": name, "start_s": round(begin - run.started, 6),
                "duration_s": round((end or ended) - begin, 6)} for name, begin, end in run.ladder]
     cleanup_s = ended - run.ended_running if run.ended_running is not None else 0.0
     fs = run.fs
-    drained = run.tree.drained(run.survivors)
-    return {
+    drained = run.record.drained(run.survivors) if run.record is not None else []
+    containment = run.containment.fields() if run.containment is not None else {
+        "containment": None}
+    receipt = {
         "schema_version": RECEIPT_SCHEMA_VERSION,
         "supervisor_version": __version__,
         "python_version": "%d.%d.%d" % sys.version_info[:3],
@@ -2453,6 +3705,8 @@ def _build_receipt(run, ended_wall, ended):
         "duration_s": round(ended - run.started, 6),
         "timeout_s": run.plan.timeout,
         "cleanup_timeout_s": run.plan.cleanup_timeout,
+        "policy": run.plan.policy,
+        "stop_signal": _signal_name(run.plan.stop_signal) if run.plan.stop_signal else None,
         "stop_reason": run.stop_reason or "exit",
         "signal": _signal_name(run.stop_signal) if run.stop_signal else None,
         "timed_out": run.stop_reason == "timeout",
@@ -2461,21 +3715,74 @@ def _build_receipt(run, ended_wall, ended):
         "cleanup_confirmed": confirmed,
         "cleanup_s": round(cleanup_s, 6),
         "ladder": ladder,
-        "containment": run.tree.kind,
+        "containment": containment["containment"],
+        "cgroup": containment.get("cgroup"),
+        "kept_cgroup": containment.get("kept_cgroup"),
+        "cgroup_unavailable": run.cgroup_unavailable,
         "user": ({"uid": run.plan.user.uid, "gid": run.plan.user.gid}
                  if run.plan.user is not None else None),
-        "preserved": [{"pid": p.pid, "start_time": p.start, "command": fs.cmdline(p.pid)}
-                      for p in run.preserved],
-        "survivors": [{"pid": p.pid, "ppid": p.ppid, "pgid": p.pgid, "sid": p.sid,
-                       "state": p.state, "command": fs.cmdline(p.pid)} for p in run.survivors],
-        "unattributed": [{"pid": p.pid, "start_time": p.start, "command": fs.cmdline(p.pid)}
-                         for p in run.unattributed],
-        "drained": [{"pid": identity[0], "command": argv}
+        "preserved": [_entry(fs, p, start_time=p.start) for p in run.preserved],
+        "survivors": [_entry(fs, p, ppid=p.ppid, pgid=p.pgid, sid=p.sid, state=p.state)
+                      for p in run.survivors],
+        "survivors_count": run.survivors_count,
+        "unattributed": [_entry(fs, p, start_time=p.start, why="a caller's job's group")
+                         for p in run.unattributed] + [
+            _entry(fs, p, start_time=p.start, why="uid %d, outside the run" % run.plan.user.uid)
+            for p in run.foreign],
+        "drained": [_argv_entry({"pid": identity[0]}, argv)
                     for identity, argv in drained[:_DRAINED_LIMIT]],
         "drained_count": len(drained),
+        "omitted": {},
         "usage": _usage(run),
         "error": _text(run.error) if run.error is not None else None,
     }
+    return _fit(receipt)
+
+
+def _entry(fs, proc, **fields):
+    fields["pid"] = proc.pid
+    return _argv_entry(fields, fs.argv(proc))
+
+
+def _argv_entry(fields, argv):
+    """An entry with its command: argv (cut at _ARGV_LIMIT bytes, then
+    "command_truncated"), or null when it was not read (see _Argv)."""
+    argv = argv if argv is not None else _UNREAD
+    fields["command"] = argv.words
+    if argv.truncated:
+        fields["command_truncated"] = True
+    return fields
+
+
+# What _fit() drops, first to last, when a receipt would pass _RECEIPT_LIMIT:
+# the evidence of what was drained, then of what survived, then the commands
+# of what was kept (its pids and start times stay: the owner ends them by
+# those), and the kept entries themselves last.
+_TRIMMED_LISTS = ("drained", "survivors", "unattributed", "preserved")
+
+
+def _fit(receipt):
+    """The receipt within _RECEIPT_LIMIT bytes, whatever the command did:
+    entries are dropped from the end of its lists (see _TRIMMED_LISTS), and
+    `omitted` says how many of each."""
+    size = len(_json(receipt))
+    if size <= _RECEIPT_LIMIT:
+        return receipt
+    omitted = receipt["omitted"]
+    for key in _TRIMMED_LISTS:
+        if key == "preserved":
+            for entry in receipt[key]:
+                if size <= _RECEIPT_LIMIT:
+                    break
+                if entry["command"]:
+                    size -= len(_json(entry["command"])) - len("null")
+                    entry["command"] = None
+                    omitted["preserved_commands"] = omitted.get("preserved_commands", 0) + 1
+        entries = receipt[key]
+        while entries and size > _RECEIPT_LIMIT:
+            size -= len(_json(entries.pop())) + 2
+            omitted[key] = omitted.get(key, 0) + 1
+    return receipt
 
 
 def _text(value):
@@ -2561,11 +3868,14 @@ class _ReceiptTarget(object):
     def __init__(self, path):
         self.path = _absolute(path, "--receipt")
         directory, self.name = os.path.split(self.path)
+        self.directory_as_given = directory
         self.dir_fd = self.proc_fd = self.file_fd = None
+        self.writer = _writer_identity()
         self.created = _make_directories(directory, self.path)
         try:
             self.dir_fd, self.can_sync = _open_directory(directory, self.path)
             self.check_name()
+            self._remove_leftovers()
             self.file_fd = self._open_unnamed()
             if self.file_fd is not None:
                 # Now, not at the write: by then fds may be starved, or /proc mounted over.
@@ -2588,9 +3898,27 @@ class _ReceiptTarget(object):
         kind = st.st_mode & 0o170000
         if kind == 0o040000:
             raise IsADirectoryError(errno.EISDIR, "a directory is there; name a file", self.path)
-        if kind not in (0o100000, 0o120000):
+        if kind == 0o120000:
+            self._check_link_target()
+        elif kind != 0o100000:
             raise OSError(errno.EEXIST, "a device, FIFO or socket is there; name a regular "
                           "file", self.path)
+
+    def _check_link_target(self):
+        """A symlink at the name is replaced, never followed; but one that
+        leads to a device, FIFO, socket, or into /proc or /dev (/dev/stdout:
+        /proc/self/fd/1) says the caller meant that, not a file: refused, as
+        the rename would destroy the link."""
+        try:
+            st = os.stat(self.name, dir_fd=self.dir_fd)
+        except OSError:
+            return  # dangling (or unreadable): nothing there to mistake
+        target = os.path.realpath(os.path.join(self.directory_as_given, self.name))
+        special = st.st_mode & 0o170000 != 0o100000
+        if special or target.split("/")[1:2] in (["proc"], ["dev"]):
+            raise OSError(errno.EEXIST, "a symlink to %s is there (%s); name a regular file"
+                          % (target, "not a regular file" if special else "in /proc or /dev"),
+                          self.path)
 
     def _open_unnamed(self):
         try:
@@ -2605,9 +3933,26 @@ class _ReceiptTarget(object):
         return None
 
     def _temporary_names(self):
-        """Names beside the receipt that nobody can guess, a few tries' worth."""
+        """Names beside the receipt that nobody can guess, a few tries' worth,
+        each naming its writer (pid and start time) so that a later run can
+        tell a leftover of a dead writer (a SIGKILL mid-write) from a write
+        under way."""
         for _ in range(16):
-            yield ".%s.%s.tmp" % (self.name, os.urandom(8).hex())
+            yield ".%s.%s-%s.tmp" % (self.name, self.writer, os.urandom(8).hex())
+
+    def _remove_leftovers(self):
+        """Temporary files of earlier writers of this receipt that died."""
+        prefix, suffix = "." + self.name + ".", ".tmp"
+        try:
+            names = os.listdir(self.dir_fd)
+        except OSError:
+            return  # a directory we may write but not read: nothing to list
+        for name in names:
+            if name.startswith(prefix) and name.endswith(suffix):
+                writer = name[len(prefix):-len(suffix)].partition("-")[0]
+                pid, _, start = writer.partition(".")
+                if pid.isdigit() and start.isdigit() and _start_time(int(pid)) != int(start):
+                    self._unlink(name)
 
     def _create_named(self):
         """A temporary file under a random name (O_EXCL: never one planted)."""
@@ -2697,6 +4042,20 @@ class _ReceiptTarget(object):
                 pass
 
 
+def _writer_identity():
+    """"pid.starttime" of this process, for temporary names."""
+    return "%d.%d" % (os.getpid(), _start_time(os.getpid()) or 0)
+
+
+def _start_time(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rfind(b")") + 2:].split()[19])
+
+
 def _write_all(fd, data):
     view = memoryview(data)
     while view:
@@ -2759,32 +4118,77 @@ def exec_timeout(timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
 
 
 def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_path=None,
-              *, workdir=None, stop_with_parent=None, user=None):
+              *, workdir=None, stop_with_parent=None, user=None, policy="drain-all",
+              stop_signal="TERM", receipt=None, verbose=False, containment="auto"):
     """Run command under a deadline, drain what it leaves, return the receipt.
 
     command is an argv list of str (or bytes); timeout and cleanup_timeout
     are seconds; the run is stopped when anything exists at stop_path;
     workdir is the command's current directory; user ("name", "uid",
-    "name:group") the user it runs as, with no way back to root.
-    stop_with_parent, the pid of this process's parent, stops the run as
-    SIGTERM would when that parent dies (even if the caller ignored SIGTERM;
-    the command starts with SIGTERM at its default). Must run in the main
-    thread of a single-threaded process on Linux; the children it already
-    has stay its own (never signalled, never reaped). Raises SupervisorError
-    (UsageError for bad arguments) before anything starts. Once the command
-    started, a receipt always comes back: a command that cannot be executed,
-    or a failure of the supervisor itself, is in its error and exit_status.
-    The caller's signal handlers, mask and subreaper bit are restored when it
-    returns.
+    "name:group") the user it runs as, with no way back to root. policy is
+    one of POLICIES (what the run keeps: by default nothing), stop_signal
+    the first signal of a stop (a name, a number, or 0 for none), receipt a
+    path to write the receipt to, as --receipt does (outside the workdir,
+    the earlier one removed first, atomically), verbose as -v, containment
+    one of CONTAINMENTS. stop_with_parent, the pid of this process's parent,
+    stops the run as SIGTERM would when that parent dies (even if the caller
+    ignored SIGTERM; the command starts with SIGTERM at its default). Must
+    run in the main thread of a single-threaded process on Linux; the
+    children it already has stay its own (never signalled, never reaped).
+    Raises SupervisorError (UsageError for bad arguments) before anything
+    starts. Once the command started, a receipt always comes back: a command
+    that cannot be executed, a failure of the supervisor itself (the run is
+    then ended and drained as far as it can be), or a receipt that could not
+    be written, is in its error and exit_status. The caller's signal
+    handlers, mask and subreaper bit are restored when it returns.
     """
-    plan = _make_plan(command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent)
-    if user is not None:
-        plan.user = _check_user(user, plan.workdir)
+    plan = _make_plan(command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent,
+                      policy=_check_choice(policy, POLICIES, "policy"),
+                      containment=_check_choice(containment, CONTAINMENTS, "containment"),
+                      stop_signal=_parse_signal(str(stop_signal), "stop_signal"),
+                      verbose=bool(verbose))
+    target = None
+    try:
+        if receipt is not None:
+            target = _receipt_target(receipt, plan.workdir)
+        if user is not None:
+            plan.user = _check_user(user, plan.workdir)
+            if target is not None:
+                _check_user_may_not_replace(plan.user, target)
+        if plan.stop_path is not None:
+            _check_stop_file(plan.stop_path, target)
+    except BaseException:
+        _discard(target)
+        raise
     run = _Run(plan)
     try:
-        return _execute(run)
+        result = _execute(run)
+    except BaseException:
+        _discard(target)
+        raise
     finally:
         _release(run)
+    if target is not None:
+        _write_or_say(target, result)
+    return result
+
+
+def _write_or_say(target, receipt):
+    """Write the receipt; if it cannot be, the returned one says so."""
+    try:
+        target.write(receipt)
+    except OSError as e:
+        receipt["exit_status"] = EXIT_FAILURE
+        receipt["error"] = _text("%s--receipt: cannot write %s: %s" % (
+            receipt["error"] + "; " if receipt["error"] else "", e.filename, e.strerror))
+    finally:
+        target.close()
+
+
+def _check_choice(value, choices, name):
+    if value not in choices:
+        raise UsageError("%s: %r is not one of %s" % (name, value, ", ".join(choices)))
+    return value
 
 
 def _make_plan(command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent,
@@ -2816,7 +4220,7 @@ def _absolute(path, option):
 
 
 def _execute(run):
-    """The phases, in order; returns the receipt. Raises SupervisorError
+    """starting, then the driver; returns the receipt. Raises SupervisorError
     before the command starts. Once it started, a failure of ours still ends
     in a receipt, one that does not confirm the cleanup."""
     try:
@@ -2825,37 +4229,17 @@ def _execute(run):
             _enter(run, "done")
         else:
             run.terminal = _caller_terminal()
-            _start_command(run)
             _supervise_started(run)
     except BaseException:
         _abandon(run)
         raise
     ended_wall, ended = time.time(), _now()
     _take_back_terminal(run)
+    # From here on no signal is taken (a flood of queued ones cannot delay the
+    # receipt); they stay pending until we exit (the CLI) or are discarded
+    # when the caller's handlers come back (the API).
+    run.catcher.hold()
     return _build_receipt(run, ended_wall, ended)
-
-
-def _supervise_started(run):
-    try:
-        _run_until_stop(run)
-        if run.watch is not None:
-            run.watch.retire()  # now, so that closing it at exit costs nothing
-        if run.report.failure:
-            _note_exec_failure(run)
-            _enter(run, "done")
-            return
-        if run.stop_reason is None:
-            _finish_natural(run)
-        else:
-            _stop_forced(run)
-        _finish(run)
-    except Exception as e:
-        run.failed = True
-        run.error = ("supervisor failed: %s" % e if isinstance(e, SupervisorError)
-                     else "supervisor failed: %s: %s" % (type(e).__name__, e))
-        _abandon(run)
-        if run.state != "done":
-            _enter(run, "done")
 
 
 def _check_seconds(value, name):
@@ -2879,13 +4263,213 @@ def _check_command(command):
     return command
 
 
+# --- The owner's teardown: --end-kept -----------------------------------------------------------
+
+def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
+    """End what a receipt (a dict, as written) kept, and their descendants,
+    with SIGKILL: in cgroup mode the whole kept cgroup at once; else each
+    kept process whose start time is the receipt's, and what descends from
+    it, frozen and killed children first, each proven by a pidfd. A pid
+    whose start time differs (reused, or a forged receipt) is left alone.
+    Returns (all gone: bool, one line saying what was done)."""
+    fs = _ProcFS()
+    try:
+        roots, left_alone = _kept_roots(fs, receipt.get("preserved") or [])
+        try:
+            endtime = _now() + _check_seconds(cleanup_timeout, "cleanup_timeout")
+            done, ended, note = _end_kept_cgroup(fs, receipt.get("kept_cgroup"), roots, endtime)
+            outside = [pin for pin in roots if not pin.in_cgroup]
+            gone, count = _end_trees(fs, outside, endtime)
+            done, ended = done and gone, ended + count
+        finally:
+            _close_pins(roots)
+    finally:
+        fs.close()
+    words = ["ended %d process(es)" % ended] + ([note] if note else []) + [
+        "left alone: %s" % ", ".join(left_alone)] * bool(left_alone)
+    return done, ("all kept processes are gone: " if done else "NOT all gone: ") + "; ".join(words)
+
+
+class _RootPin(_Pin):
+    __slots__ = ("in_cgroup",)
+
+    def __init__(self, proc, fd):
+        _Pin.__init__(self, proc, fd)
+        self.in_cgroup = False
+
+
+def _kept_roots(fs, entries):
+    """Pins on the receipt's kept processes that are still those processes:
+    pinned first, then their start time read (a pid reused since cannot
+    pass)."""
+    roots, left_alone = [], []
+    for entry in entries:
+        pid, start = entry.get("pid"), entry.get("start_time")
+        if not isinstance(pid, int) or not isinstance(start, int) or pid <= 1:
+            left_alone.append("%r (not a pid and start time)" % (pid,))
+            continue
+        try:
+            fd = _pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # gone already
+        if fd is None:
+            raise SupervisorError("--end-kept needs pidfds (Linux 5.3) to prove a pid is the "
+                                  "kept process")
+        proc = fs.stat(pid)
+        if proc is None or not proc.live or _readable(fd):
+            os.close(fd)
+            continue
+        if proc.start != start:
+            os.close(fd)
+            left_alone.append("%d (start time %d, not the receipt's %d)" % (pid, proc.start, start))
+            continue
+        roots.append(_RootPin(proc, fd))
+    return roots, left_alone
+
+
+_KEPT_CGROUP_NAME = "treereap-"
+
+
+def _end_kept_cgroup(fs, path, roots, endtime):
+    """cgroup.kill on the receipt's kept cgroup, if it is one of ours (its
+    name) and holds one of the receipt's kept processes (so a forged receipt
+    cannot name another's); then wait for it to be empty, and remove it.
+    (done, how many it held, a note)."""
+    if not path:
+        return True, 0, None
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    if not (name.startswith(_KEPT_CGROUP_NAME) and name.endswith(".kept")):
+        return False, 0, "kept_cgroup %s is not a cgroup this supervisor makes: left alone" % path
+    try:
+        home = _find_cgroup_home_for(fs, path)
+    except _NoCgroup as e:
+        return False, 0, "kept_cgroup %s: %s" % (path, e)
+    try:
+        cgroup = home.open_existing(name)
+    except OSError as e:
+        home.close()
+        if e.errno == errno.ENOENT:
+            return True, 0, None  # removed already: nothing in it
+        return False, 0, "kept_cgroup %s: %s" % (path, e.strerror)
+    try:
+        for pin in roots:
+            pin.in_cgroup = fs.cgroup_of(pin.proc.pid) == cgroup.path
+        members = cgroup.procs()
+        if members and not any(pin.in_cgroup for pin in roots):
+            return False, 0, ("kept_cgroup %s holds processes none of which the receipt names: "
+                              "left alone" % path)
+        cgroup.write("cgroup.kill", "1")
+        emptied = _wait_events(cgroup, "populated", "0", endtime)
+        if emptied:
+            home.remove(cgroup)
+        return emptied, len(members), None if emptied else "kept_cgroup %s is not empty" % path
+    finally:
+        cgroup.close()
+        home.close()
+
+
+def _wait_events(cgroup, key, value, endtime):
+    while cgroup.events().get(key) != value:
+        if _now() >= endtime:
+            return False
+        _wait_ready((), (cgroup.events_fd,), endtime - _now())
+    return True
+
+
+def _find_cgroup_home_for(fs, path):
+    """The cgroup v2 directory holding `path` (relative to the hierarchy's
+    root), as a home to find it in."""
+    parent = path.rstrip("/").rsplit("/", 1)[0] or "/"
+    for before, after in fs.mountinfo():
+        if after and after[0] == "cgroup2" and len(before) > 4 and _unescape(before[3]) == "/":
+            return _open_home(fs, _unescape(before[4]), parent, judge=False)
+    raise _NoCgroup("no cgroup v2 hierarchy is mounted here")
+
+
+def _end_trees(fs, roots, endtime):
+    """SIGKILL roots and their descendants, as the drain does: each round
+    freezes what it finds (SIGSTOP, so none forks or hands its children on)
+    and kills children before parents; each process proven by a pidfd
+    taken before /proc showed its parent to be a process already proven.
+    (all gone, how many were found)."""
+    found = set()
+    while True:
+        pins = []
+        try:
+            for root in roots:
+                if not _readable(root.fd):
+                    _freeze_and_kill(fs, root, pins, found, endtime)
+            alive = [pin for pin in pins + roots if not _readable(pin.fd)]
+            if not alive:
+                return True, len(found)
+            if _now() >= endtime:
+                return False, len(found)
+            _wait_ready([alive[0].fd], (), min(_DRAIN_ROUND_LIMIT, endtime - _now()))
+        finally:
+            _close_pins(pins)
+
+
+def _freeze_and_kill(fs, root, pins, found, endtime):
+    """One walk below root: each process stopped as it is found, and killed
+    once its children are done (children before parents, so none is handed
+    on); a depth-first walk with a stack of its own, as deep as trees go."""
+    stack = [(root, None)]
+    while stack:
+        pin, children = stack.pop()
+        if children is None:  # first visit: freeze it, then its children
+            pin.send(signal.SIGSTOP)
+            found.add(pin.proc.identity)
+            stack.append((pin, ()))
+            for pid in fs.children(pin.proc.pid, pin.proc.threads):
+                child = _prove_child(fs, pin, pid) if _now() < endtime else None
+                if child is not None:
+                    pins.append(child)
+                    stack.append((child, None))
+        else:
+            pin.send(signal.SIGKILL)
+
+
+def _prove_child(fs, parent, pid):
+    """A pin on pid if /proc shows, after the pidfd was taken, that its parent
+    is still the proven process parent (both pins still alive), else None."""
+    try:
+        fd = _pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    proc = fs.stat(pid)
+    if proc is None or proc.ppid != parent.proc.pid or _readable(fd) or _readable(parent.fd):
+        os.close(fd)  # not provably its child any more: left to the next round
+        return None
+    return _Pin(proc, fd)
+
+
+def _end_kept(options):
+    """--end-kept RECEIPT: one line, and 0 when all it kept is gone."""
+    import json
+    try:
+        with open(options.end_kept, "rb") as f:
+            receipt = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError("--end-kept: cannot read the receipt %s: %s" % (
+            options.end_kept, getattr(e, "strerror", None) or e))
+    if not isinstance(receipt, dict) or not isinstance(receipt.get("preserved", []), list):
+        raise UsageError("--end-kept: %s is not a receipt of this supervisor" % options.end_kept)
+    done, line = end_kept(receipt, options.cleanup_timeout)
+    _complain(line)
+    return 0 if done else EXIT_FAILURE
 # --- The command line ------------------------------------------------------------------------
 
 _USAGE = """\
 usage: %(prog)s --timeout DURATION [OPTIONS] -- COMMAND [ARG...]
+       %(prog)s --end-kept RECEIPT [-k DURATION]
 
 Run COMMAND under a deadline, drain every process it leaves behind, and write
-a JSON receipt that says what happened and whether /proc confirmed it.
+a JSON receipt that says what happened and whether it was confirmed.
+
+what is kept: nothing, by default: every process of the run is drained, at a
+natural exit as at a forced stop; --preserve-descendants-on-success keeps them
+all after the command exits 0 by itself; --keep-services keeps services it
+detached before a stop.
 
 options:
   --timeout DURATION         the deadline, from the command's start (required);
@@ -2894,50 +4478,59 @@ options:
                              bound of EACH of the three cleanup phases (default
                              10): the grace after the stop signal, the command's
                              own process after SIGKILL, and the drain
-  -s, --signal SIG           the first signal of a forced stop (default TERM): a
-                             name (TERM, SIGINT, int) or a number; the command
-                             starts with it at its default
+  -s, --signal SIG           the first signal of a stop (default TERM): a name
+                             (TERM, SIGINT, int) or a number; 0 sends none (the
+                             grace, then SIGKILL); the command starts with it at
+                             its default
   --stop-file PATH           stop the run as soon as anything exists at PATH; if
                              something is there already, COMMAND never starts
   --receipt PATH             write the receipt there (outside the workdir)
   --workdir DIR              the command's current directory (default: this one;
                              from /, there is no workdir to keep the receipt out of)
-  --drain-all                drain every process of the run, detached services
-                             too, at a natural exit as at a forced stop (CI)
+  --drain-all                the default: drain every process of the run
+  --preserve-descendants-on-success
+                             when COMMAND exits 0 by itself and nothing stopped
+                             the run, keep every process of it (NeMo Gym's flag);
+                             any other ending drains everything
+  --keep-services            keep the services COMMAND detached (adopted outside
+                             its group) before a stop; at a natural exit, every
+                             process outside its group
+  --containment auto|cgroup|proc
+                             how the run is held: a cgroup of its own where one
+                             can be made (auto, the default; cgroup insists), or
+                             the /proc walk
   --user USER[:GROUP]        run the command as that user (a name or a uid) and
                              group, with no way back to root: then it cannot
                              signal, stop or trace the supervisor, nor write
                              its receipt
   --preserve-status          exit with the command's status even when the run
                              was stopped (125 still wins)
-  -v, --verbose              say on stderr when the run is stopped, and how it ended
+  -v, --verbose              say on stderr when the run is stopped, when SIGKILL
+                             was needed, and how it ended
   --new-session              leave the caller's session first, so that a kill of
                              the caller's process group cannot stop the drain
+  --end-kept RECEIPT         end (SIGKILL) what an earlier run's receipt kept,
+                             and their descendants, within -k (a pid whose start
+                             time is not the receipt's is left alone); exit 0
+                             when all is gone
   -h, --help                 show this help and exit
   --version                  show the version and exit
-
-what is kept and what is drained:
-  COMMAND runs in a process group of its own. When it exits by itself, what is
-  left of its group is stopped (the stop signal, a grace, SIGKILL); processes
-  in other groups or sessions are kept, as detached services. When the
-  deadline passes, the stop file appears or a stop signal arrives, the group
-  is stopped the same way and every process adopted after that decision is
-  drained, in any group or session; services detached before it are kept.
-  With --drain-all nothing is kept. A forced stop ends within the timeout
-  plus 3 x the cleanup timeout, plus up to 2.5 s.
 
 signals: TERM, INT, HUP and every other signal that would end a process stop
 the run (one that the caller ignored stays ignored, TERM excepted); a second
 one later than 0.25 s skips the rest of the grace; USR1, USR2 and WINCH are
-forwarded to the command's group; TSTP suspends the run.
+forwarded to the command's group; TSTP suspends the run. A stop ends within
+the timeout plus 3 x the cleanup timeout, plus up to 3 s.
 
 the receipt (JSON): cleanup_confirmed (do not reuse the sandbox when false),
 exit_status, return_code, stop_reason (exit, timeout, stop_file, signal),
-timed_out, preserved (the services kept, with pid and start_time), drained,
-survivors, error. A missing receipt means the cleanup was not confirmed.
+timed_out, policy, preserved (what was kept, with pid and start_time),
+drained, survivors, error. A missing receipt means the cleanup was not
+confirmed.
 
 exit status: COMMAND's own; 124 deadline or stop file; 125 supervisor failure
-or cleanup not confirmed; 126 cannot execute; 127 not found; 128+N signal N.
+or cleanup not confirmed; 126 cannot execute; 127 not found; 128+N signal N;
+137 a stop had to SIGKILL the command.
 """
 
 # Each option: the attribute it sets, and what its value is.
@@ -2952,31 +4545,62 @@ _OPTIONS = {
     "--receipt": ("receipt", "path"),
     "--workdir": ("workdir", "path"),
     "--user": ("user", "text"),
-    "--drain-all": ("drain_all", "flag"),
+    "--containment": ("containment", "containment"),
+    "--drain-all": ("policy", "drain-all"),
+    "--preserve-descendants-on-success": ("policy", "preserve-descendants-on-success"),
+    "--keep-services": ("policy", "keep-services"),
     "--preserve-status": ("preserve_status", "flag"),
     "--verbose": ("verbose", "flag"),
     "-v": ("verbose", "flag"),
     "--new-session": ("new_session", "flag"),
+    "--end-kept": ("end_kept", "path"),
 }
+# timeout(1)'s options that have no honest meaning here: refused, saying why.
+_REFUSED = {
+    "--foreground": "--foreground is not supported: the command gets the terminal whenever the "
+                    "supervisor is in the terminal's foreground, and a stop ends every process "
+                    "of the run, its children too; drop the option",
+    "-f": "-f (--foreground) is not supported: the command gets the terminal whenever the "
+          "supervisor is in the terminal's foreground; drop the option",
+}
+
+# As timeout(1): a duration too large to represent is clamped (to the largest
+# time_t, 292 billion years), one too small to represent but above zero rounds
+# up to a nanosecond; zero, which timeout(1) reads as "no deadline", is
+# refused here (--timeout is the point).
+_MAX_DURATION = float(2 ** 63 - 1)
+_MIN_DURATION = 1e-9
+_ASCII_SPACE = " \t\n\v\f\r"
 
 
 def parse_duration(text, option="--timeout"):
-    """Seconds from '90', '1.5', '10m', '2h', '1d', as timeout(1) reads them.
-    Refuses zero, negatives, nan, inf, what rounds to zero, and garbage."""
-    number, unit = text.strip(), 1
+    """Seconds from '90', '1.5', '10m', '2h', '1d', as timeout(1) reads them:
+    ASCII digits only, leading white space allowed. Refuses zero, negatives,
+    nan, inf and garbage; clamps what is too large or too small to represent
+    (see _MAX_DURATION)."""
+    number, unit = text.lstrip(_ASCII_SPACE), 1
     if number[-1:] in _DURATION_UNITS:
         number, unit = number[:-1], _DURATION_UNITS[number[-1]]
-    if not number or any(c not in "0123456789.eE+-" for c in number):
-        value = None
-    else:
+    value = None
+    if number and all(c in "0123456789.eE+-" for c in number):
         try:
-            value = float(number) * unit
+            value = float(number)
         except ValueError:
             value = None
+    if value is not None and (value == 0 or value == float("inf")) and _nonzero_mantissa(number):
+        value = _MIN_DURATION if value == 0 else _MAX_DURATION
     if value is None or not 0 < value < float("inf"):
         raise UsageError("%s: %r is not a positive duration (seconds, or a number "
                          "with s, m, h or d: 90, 1.5, 10m)" % (option, text))
-    return value
+    return min(value * unit, _MAX_DURATION)
+
+
+def _nonzero_mantissa(number):
+    """Does a decimal number that float() rounded to 0 or inf have a digit
+    other than 0 before its exponent (1e-10000, 1e400: a positive value too
+    small or too large to represent, not zero)? Signs are for the caller."""
+    mantissa = number.lower().partition("e")[0]
+    return not mantissa.startswith("-") and any(c in "123456789" for c in mantissa)
 
 
 class _Options(object):
@@ -2984,8 +4608,10 @@ class _Options(object):
         self.timeout = None
         self.cleanup_timeout = DEFAULT_CLEANUP_TIMEOUT
         self.signal = signal.SIGTERM
-        self.stop_file = self.receipt = self.workdir = self.user = None
-        self.drain_all = self.preserve_status = self.verbose = self.new_session = False
+        self.stop_file = self.receipt = self.workdir = self.user = self.end_kept = None
+        self.policy, self.policy_option = "drain-all", None
+        self.containment = "auto"
+        self.preserve_status = self.verbose = self.new_session = False
         self.command = []
         self.show = None  # "help" or "version"
 
@@ -3009,13 +4635,15 @@ def _parse_args(argv):
         name, has_value, value = arg.partition("=")
         if not name.startswith("--") and len(arg) > 2:  # -kVALUE, -sKILL
             name, has_value, value = arg[:2], True, arg[2:]
+        if name in _REFUSED:
+            raise UsageError(_REFUSED[name])
         if name not in _OPTIONS:
             raise UsageError("unknown option %s (see --help)" % arg)
         attribute, kind = _OPTIONS[name]
-        if kind == "flag":
+        if kind in ("flag",) + POLICIES:
             if has_value:
                 raise UsageError("%s takes no value" % name)
-            setattr(options, attribute, True)
+            _set_flag(options, name, attribute, kind)
         else:
             if not has_value:
                 i += 1
@@ -3024,6 +4652,8 @@ def _parse_args(argv):
                 value = argv[i]
             setattr(options, attribute, _option_value(name, kind, value))
         i += 1
+    if options.end_kept is not None:
+        return options
     if options.timeout is None:
         raise UsageError("--timeout is required (seconds, e.g. --timeout 600)")
     if not options.command:
@@ -3031,11 +4661,36 @@ def _parse_args(argv):
     return options
 
 
+def _set_flag(options, name, attribute, kind):
+    if kind == "flag":
+        setattr(options, attribute, True)
+        return
+    if options.policy_option is not None and options.policy != kind:
+        raise UsageError("%s and %s: choose one policy" % (options.policy_option, name))
+    options.policy, options.policy_option = kind, name
+
+
+def _receipt_path_in(argv):
+    """The --receipt path in argv, found however the rest is malformed: a
+    refusal must remove the earlier receipt too (see main)."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--receipt" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith("--receipt="):
+            found = arg[len("--receipt="):]
+    return found or None
+
+
 def _option_value(name, kind, value):
     if kind == "duration":
         return parse_duration(value, name)
     if kind == "signal":
         return _parse_signal(value, name)
+    if kind == "containment":
+        return _check_choice(value, CONTAINMENTS, name)
     if not value:
         raise UsageError("%s: the value is empty" % name)
     return value
@@ -3044,8 +4699,8 @@ def _option_value(name, kind, value):
 def _parse_signal(text, option="--signal"):
     """A signal as timeout(1) -s takes it: TERM, SIGTERM, term, 15, and the
     real-time ones as RTMIN+3 or SIGRTMAX-1."""
-    name = text.strip().upper()
-    if name.isdigit():
+    name = text.strip(_ASCII_SPACE).upper()
+    if name and all(c in "0123456789" for c in name):  # ASCII digits: int() takes others too
         number = int(name)
     else:
         name = name if name.startswith("SIG") else "SIG" + name
@@ -3060,9 +4715,9 @@ def _parse_signal(text, option="--signal"):
                 number += int(offset)
             except ValueError:
                 number = None
-    if number not in _VALID_SIGNALS:
-        raise UsageError("%s: unknown signal %r (a name such as TERM or INT, or a number)"
-                         % (option, text))
+    if number != 0 and number not in _VALID_SIGNALS:
+        raise UsageError("%s: unknown signal %r (a name such as TERM or INT, a number, or 0 "
+                         "for none)" % (option, text))
     return number
 
 
@@ -3075,12 +4730,15 @@ def _workdir_of(options):
     return workdir, None if workdir == "/" and not options.workdir else workdir
 
 
-def _remove_stale(target):
+def _receipt_target(path, fence):
+    """The receipt's target, checked, with the earlier receipt removed."""
+    target = _check_receipt_target(path, fence)
     try:
         target.remove_stale()
     except OSError as e:
         target.discard()
         raise UsageError("--receipt: %s: %s" % (e.filename, _os_error_text(e)))
+    return target
 
 
 def _check_workdir(workdir):
@@ -3114,12 +4772,25 @@ def _check_receipt_target(path, workdir):
 
 def _is_inside(dir_fd, workdir):
     """Is the directory held by dir_fd the workdir or below it? Walks up
-    through `..` from the directory itself, comparing device and inode."""
+    through `..` from the directory itself, comparing device and inode; and,
+    since `..` at the root of a bind mount leaves the tree it was taken from
+    (a container's volume of workdir/sub mounted elsewhere), compares where
+    each lies in its filesystem too (mountinfo's root of their mounts)."""
     try:
         top = os.stat(workdir)
     except OSError:
         return False
-    wanted = (top.st_dev, top.st_ino)
+    if _walks_up_to(dir_fd, (top.st_dev, top.st_ino)):
+        return True
+    if os.fstat(dir_fd).st_dev != top.st_dev:
+        return False
+    inner, outer = _place_in_filesystem(dir_fd), _place_in_filesystem_of(workdir)
+    if inner is None or outer is None:
+        return False
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def _walks_up_to(dir_fd, wanted):
     fd = os.dup(dir_fd)
     try:
         for _ in range(4096):
@@ -3135,6 +4806,39 @@ def _is_inside(dir_fd, workdir):
     finally:
         os.close(fd)
     return False
+
+
+def _place_in_filesystem_of(path):
+    try:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None  # not a directory: --workdir refuses it next
+    try:
+        return _place_in_filesystem(fd)
+    finally:
+        os.close(fd)
+
+
+def _place_in_filesystem(fd):
+    """The path of the directory held by fd inside its filesystem: its mount's
+    root (mountinfo field 4: "/work/sub" for a bind mount of it) joined with
+    its path below the mount point. None when it cannot be told."""
+    try:
+        with open("/proc/self/fdinfo/%d" % fd) as f:
+            mount_id = [line.split()[1] for line in f if line.startswith("mnt_id:")][0]
+        path = os.readlink("/proc/self/fd/%d" % fd)
+        with open("/proc/self/mountinfo") as f:
+            entries = [line.split() for line in f]
+    except (OSError, IndexError):
+        return None
+    for fields in entries:
+        if fields[0] == mount_id:
+            root, point = _unescape(fields[3]), _unescape(fields[4])
+            below = path[len(point.rstrip("/")):] if path.startswith(point) else None
+            if below is None:
+                return None
+            return root.rstrip("/") + "/" + below.lstrip("/") if below.strip("/") else root
+    return None
 
 
 def _complain(message, patient=True):
@@ -3204,19 +4908,18 @@ def main(argv=None):
     target = None
     try:
         options = _parse_args(argv)
-        if options.show == "help":
-            _print(_USAGE % {"prog": _PROG})
-            return 0
-        if options.show == "version":
-            _print("%s %s\n" % (_PROG, __version__))
+        if options.show is not None:
+            _print(_USAGE % {"prog": _PROG} if options.show == "help"
+                   else "%s %s\n" % (_PROG, __version__))
             return 0
         _require_linux()
+        if options.end_kept is not None:
+            return _end_kept(options)
         workdir, fence = _workdir_of(options)
         if options.receipt is not None:
             # First: from here on, any refusal leaves no receipt at the path,
             # so no receipt always means "not confirmed" for this run.
-            target = _check_receipt_target(options.receipt, fence)
-            _remove_stale(target)
+            target = _receipt_target(options.receipt, fence)
         _check_workdir(workdir)
         user = _check_user(options.user, workdir) if options.user is not None else None
         if user is not None and target is not None:
@@ -3225,18 +4928,15 @@ def main(argv=None):
         relay = _relay_into_new_session() if options.new_session else None
         run = _Run(_make_plan(options.command, options.timeout, options.cleanup_timeout,
                               stop_path, workdir, relay, user=user,
-                              stop_signal=options.signal, drain_all=options.drain_all,
+                              stop_signal=options.signal, policy=options.policy,
+                              containment=options.containment,
                               preserve_status=options.preserve_status,
                               verbose=options.verbose))
         receipt = _execute(run)
     except SupervisorError as e:
-        _discard(target)
-        _complain(str(e))
-        return EXIT_FAILURE
+        return _refuse(str(e), target, argv)
     except Exception as e:  # a bug: still one line, and the sandbox is suspect
-        _discard(target)
-        _complain("internal error: %s: %s" % (type(e).__name__, e))
-        return EXIT_FAILURE
+        return _refuse("internal error: %s: %s" % (type(e).__name__, e), target, argv)
     # The receipt goes to disk before anything goes to stderr: a full pipe or
     # a terminal with TOSTOP must not hold it back.
     status, lost = receipt["exit_status"], None
@@ -3254,23 +4954,62 @@ def main(argv=None):
     if receipt["stop_reason"] == "stop_file" and receipt["pid"] is None:
         _complain("the stop file %s is there: the command was not started" % stop_path)
     elif options.verbose:
-        _complain(_outcome(receipt, status))
+        _complain(_outcome(run, receipt, status))
     return status
 
 
-def _outcome(receipt, status):
+def _refuse(message, target, argv):
+    """One line on stderr, exit 125, and no receipt at the path: not an
+    earlier run's (the path is found in argv even when parsing failed), not
+    a partial one, and no directory made for it."""
+    if target is not None:
+        target.discard()
+    else:
+        left = _remove_stale_at(_receipt_path_in(argv))
+        if left and not message.startswith("--receipt"):
+            message += "; " + left
+    _complain(message)
+    return EXIT_FAILURE
+
+
+def _remove_stale_at(path):
+    """Remove the regular file or symlink at path (never following it, never
+    making a directory). What else is there is left, and said."""
+    if path is None:
+        return None
+    try:
+        path = os.path.abspath(path)
+        st = os.lstat(path)
+    except (OSError, ValueError):
+        return None  # nothing there (or no path to speak of)
+    if st.st_mode & 0o170000 not in (0o100000, 0o120000):
+        return "--receipt %s is not a regular file: left alone" % path
+    try:
+        os.unlink(path)
+    except OSError as e:
+        return "cannot remove the earlier receipt %s: %s" % (path, e.strerror)
+    return None
+
+
+def _outcome(run, receipt, status):
     """-v's closing line: how the run ended, what the cleanup did."""
-    kept = ", ".join("%d %s" % (p["pid"], " ".join(p["command"])[:60])
+    kept = ", ".join("%d %s" % (p["pid"], " ".join(p["command"] or ["?"])[:60])
                      for p in receipt["preserved"][:5])
-    return "done: %s, exit status %d, %d drained, %d kept%s, cleanup %s" % (
+    return "done: %s, exit status %d, %d drained%s, %d kept%s, cleanup %s" % (
         receipt["stop_reason"] if receipt["signal"] is None else receipt["signal"], status,
-        receipt["drained_count"], len(receipt["preserved"]), " (%s)" % kept if kept else "",
+        receipt["drained_count"], " (SIGKILL was needed)" if run.killed else "",
+        len(receipt["preserved"]), " (%s)" % kept if kept else "",
         "confirmed" if receipt["cleanup_confirmed"] else "NOT confirmed")
 
 
 def _unconfirmed_message(receipt):
     survivors, unattributed = receipt["survivors"], receipt["unattributed"]
     if unattributed and not survivors:
+        foreign = [p for p in unattributed if p["why"].startswith("uid")]
+        if foreign:
+            return ("cleanup not confirmed: %d process(es) of the run's uid started outside the "
+                    "run (%s) cannot be told from the run's; give each sandbox a uid of its own"
+                    % (len(foreign), ", ".join(str(p["pid"]) for p in foreign[:10])))
         return ("cleanup not confirmed: %d process(es) adopted in the process groups of the "
                 "caller's jobs (%s) cannot be told from the run's, and were left alone; start "
                 "the supervisor without background jobs, or with --new-session" % (
@@ -3279,7 +5018,8 @@ def _unconfirmed_message(receipt):
         return ("cleanup not confirmed: the processes kept changing while /proc was read; "
                 "do not reuse this sandbox")
     return ("cleanup not confirmed: %d process(es) still alive (%s); do not reuse this "
-            "sandbox" % (len(survivors), ", ".join(str(s["pid"]) for s in survivors[:10])))
+            "sandbox" % (receipt["survivors_count"],
+                         ", ".join(str(s["pid"]) for s in survivors[:10])))
 
 
 def _discard(target):

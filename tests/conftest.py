@@ -67,6 +67,40 @@ def discover_pythons():
 
 
 PYTHONS = discover_pythons()
+
+
+def _cgroup_containment_works():
+    """Can this machine give a run a cgroup of its own (a writable cgroup v2
+    hierarchy, as here when root: grep cgroup2 /proc/self/mountinfo)?"""
+    try:
+        result = subprocess.run([PY, SUPERVISOR, "--timeout", "10", "--containment", "cgroup",
+                                 "--", "true"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, cwd="/", timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0
+
+
+HAS_CGROUP = _cgroup_containment_works()
+needs_cgroup = pytest.mark.skipif(not HAS_CGROUP, reason="needs a writable cgroup v2 hierarchy "
+                                  "(root, and grep cgroup2 /proc/self/mountinfo)")
+# What the default containment (auto) is here.
+DEFAULT_CONTAINMENT = "cgroup" if HAS_CGROUP else "children"
+# Options that keep the services a run detached (the policy before 2.0).
+KEEP = ["--keep-services"]
+
+
+@pytest.fixture(params=["cgroup", "children", "scan"])
+def containment(request, monkeypatch):
+    """Each containment in turn: (its name, the options that choose it). The
+    scan is the /proc walk without children files, forced by the variable
+    the supervisor reads for it."""
+    kind = request.param
+    if kind == "cgroup" and not HAS_CGROUP:
+        pytest.skip("needs a writable cgroup v2 hierarchy (root)")
+    if kind == "scan":
+        monkeypatch.setenv("SUPERVISOR_CONTAINMENT", "scan")
+    return kind, ["--containment", "cgroup" if kind == "cgroup" else "proc"]
 REQUIRED = [v for v in os.environ.get("SUPERVISOR_REQUIRE_PYTHONS", "").split(",") if v]
 THIS_PYTHON = "%d.%d" % sys.version_info[:2]
 # The whole suite runs under the interpreter that runs pytest; every other

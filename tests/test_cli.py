@@ -57,7 +57,8 @@ def good(sandbox, **replace):
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "NaN", "inf", "-inf", "abc", "", " ",
-                                   "1e-10000", "0s", "5x", "1..2", "1e400", "m", "--"])
+                                   "0s", "5x", "1..2", "m", "--", "-1e-10000", "0e5",
+                                   "\u0661", "\u00a05", "5\u2003", "\uff15", "42D"])
 def test_bad_timeout_is_refused(sandbox, value):
     refused(sandbox, good(sandbox, **{"--timeout": value}), must_name="--timeout")
 
@@ -156,7 +157,10 @@ def test_refuses_a_proc_of_another_pid_namespace(sandbox):
 
 @pytest.mark.parametrize("text, seconds", [
     ("90", 90.0), ("1.5", 1.5), ("10m", 600.0), ("2h", 7200.0), ("1d", 86400.0),
-    ("0.25s", 0.25), ("1e3", 1000.0), (".5", 0.5), ("+7", 7.0), ("1e300", 1e300),
+    ("0.25s", 0.25), ("1e3", 1000.0), (".5", 0.5), ("+7", 7.0), (" 7", 7.0),
+    # Too large to represent: clamped, as timeout(1) clamps (to the largest time_t).
+    ("1e300", 2.0 ** 63), ("1e400", 2.0 ** 63), ("1" + "0" * 4933, 2.0 ** 63),
+    ("9223372036854775808d", 2.0 ** 63),
 ])
 def test_durations_read_as_timeout_reads_them(sandbox, text, seconds):
     args = good(sandbox, **{"--timeout": text, "--cleanup-timeout": text})
@@ -180,6 +184,20 @@ def test_parse_duration_accepts_only_positive_finite_values(text):
         assert "--timeout" in str(e)
     else:
         assert 0 < value < float("inf")
+
+
+def test_a_duration_too_small_to_represent_is_the_smallest_one(sandbox):
+    """1e-10000 is above zero: as timeout(1), the deadline is at once."""
+    args = good(sandbox, **{"--timeout": "1e-10000"})
+    args[-2:] = ["sleep", "5"]
+    result = run_supervisor(*args)
+    assert result.returncode == 124, result.stderr
+    assert read_receipt(sandbox["receipt"])["timeout_s"] == 1e-9
+
+
+def test_exec_timeout_stays_finite_for_the_largest_duration():
+    largest = supervisor.parse_duration("1e400")
+    assert math.isfinite(supervisor.exec_timeout(largest, largest))
 
 
 def test_huge_timeout_does_not_overflow_a_wait(sandbox):

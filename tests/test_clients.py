@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import (
-    PY, ROOT, SUPERVISOR, alive, finish, heavy, kill_all, plain_signals, read_lines_until,
+    DEFAULT_CONTAINMENT, KEEP, PY, ROOT, SUPERVISOR, alive, finish, heavy, kill_all, plain_signals, read_lines_until,
     read_receipt, run, run_supervisor, running, spawn, start_supervisor, start_tree,
     supervisor_cmd, wait_until,
 )
@@ -170,7 +170,7 @@ def test_the_same_signal_twice_at_once_is_one_request_later_it_hurries(paths):
     time.sleep(0.3)  # past the burst: a second request, which skips the grace
     proc.send_signal(signal.SIGTERM)
     status, _, err = finish(proc)
-    assert status == 143, err
+    assert status == 137, err  # the command lived on: SIGKILL ended it
     assert read_receipt(paths.receipt)["ladder"][0]["duration_s"] < 30
 
 
@@ -192,11 +192,28 @@ def test_signal_forms_and_refusals(paths):
     result = run_supervisor("--signal=RTMIN+1", *paths.options(timeout=0.3) + ["--", "sleep", "5"])
     assert result.returncode == 124, result.stderr
     assert read_receipt(paths.receipt)["return_code"] == -(signal.SIGRTMIN + 1)
+    # As timeout(1): the stop signal KILL ends the command by SIGKILL: 137.
     result = run_supervisor("-sKILL", *paths.options(timeout=0.3) + ["--", "sleep", "5"])
-    assert result.returncode == 124 and read_receipt(paths.receipt)["return_code"] == -9
-    for bad in ("FOO", "0", "999", "TERM+1"):
+    assert result.returncode == 137 and read_receipt(paths.receipt)["return_code"] == -9
+    for bad in ("FOO", "-1", "999", "TERM+1", "\u0661"):
         result = run_supervisor("--signal", bad, *paths.options() + ["--", "true"])
         assert result.returncode == 125 and "--signal" in result.stderr, bad
+
+
+def test_signal_0_sends_nothing_first_then_sigkill_after_the_grace(paths):
+    """timeout -s 0 -k: no signal at the stop; the grace; then SIGKILL (137),
+    and -v says so."""
+    proc = start_supervisor("-s", "0", "-v", *paths.options(cleanup=0.5, stop=True) + [
+        "--", PY, "-c", REPORTER])
+    read_lines_until(proc.stdout, "ready")
+    paths.stop.write_text("")
+    status, out, err = finish(proc)
+    assert status == 137, err
+    assert "GOT" not in out  # no signal before the SIGKILL
+    receipt = read_receipt(paths.receipt)
+    assert receipt["return_code"] == -signal.SIGKILL and receipt["stop_signal"] is None
+    assert receipt["ladder"][0]["duration_s"] >= 0.5  # the grace was waited out
+    assert "no signal first" in err and "SIGKILL" in err
 
 
 def test_the_stop_signal_starts_at_its_default_in_the_command(paths):
@@ -232,7 +249,7 @@ def test_preserve_status_keeps_the_commands_status(paths):
 
 def test_verbose_says_when_the_run_is_stopped_and_how_it_ended(paths):
     script = "setsid -f sleep 300; sleep 300 & echo started; exec sleep 300"
-    proc = start_supervisor("-v", *paths.options(timeout=600, cleanup=1, stop=True) + [
+    proc = start_supervisor("-v", *paths.options(timeout=600, cleanup=1, stop=True) + KEEP + [
         "--", "sh", "-c", script])
     read_lines_until(proc.stdout, "started")
     paths.stop.write_text("")
@@ -244,7 +261,7 @@ def test_verbose_says_when_the_run_is_stopped_and_how_it_ended(paths):
         lines = err.splitlines()
         assert len(lines) == 2, err
         assert lines[0].startswith("supervisor.py: stopping the run: the stop file")
-        assert "SIGTERM" in lines[0]
+        assert "SIGTERM to the run" in lines[0]
         assert lines[1].startswith("supervisor.py: done: stop_file, exit status 124")
         assert "%d drained" % receipt["drained_count"] in lines[1]
         assert "1 kept (%d sleep 300)" % kept in lines[1] and "cleanup confirmed" in lines[1]
@@ -292,8 +309,8 @@ def test_drain_all_leaves_no_test_server_behind(paths, forced):
     assert set(servers) <= set(p["pid"] for p in receipt["drained"])
 
 
-def test_without_drain_all_the_servers_are_kept_and_said_so(paths):
-    proc = start_supervisor(*paths.options() + ["--", "sh", "-c", SERVERS + "exit 0"])
+def test_with_keep_services_the_servers_are_kept_and_said_so(paths):
+    proc = start_supervisor(*paths.options() + KEEP + ["--", "sh", "-c", SERVERS + "exit 0"])
     status, _, err = finish(proc)
     servers = [int(line.split()[1]) for line in (paths.work / "servers").read_text().splitlines()]
     try:
@@ -317,8 +334,9 @@ def test_the_receipt_lists_what_was_drained(paths):
     try:
         assert status == 124, err
         commands = sorted(" ".join(p["command"]) for p in receipt["drained"])
-        assert commands == ["sleep 300"] * 3 + ["sleep 302"]  # the command itself too
-        assert receipt["drained_count"] == 4 and receipt["schema_version"] == 2
+        # Everything (the default): the command itself, its group, the setsid one.
+        assert commands == ["sleep 300"] * 3 + ["sleep 301", "sleep 302"]
+        assert receipt["drained_count"] == 5 and receipt["schema_version"] == 3
         assert set(receipt["drained"][0]) == {"pid", "command"}
     finally:
         kill_all(kept)
@@ -338,7 +356,9 @@ def test_the_receipt_says_what_the_run_cost(paths):
     result = run_supervisor(*paths.options() + ["--", "sh", "-c", "%s -c '%s' & wait" % (PY, burn)])
     assert result.returncode == 0, result.stderr
     usage = read_receipt(paths.receipt)["usage"]
-    assert set(usage) == {"cpu_user_s", "cpu_system_s", "max_rss_kib"}
+    assert set(usage) == {"source", "cpu_user_s", "cpu_system_s", "max_rss_kib",
+                          "memory_peak_kib", "fork_rss_kib"}
+    assert usage["source"] == ("cgroup" if DEFAULT_CONTAINMENT == "cgroup" else "rusage")
     assert 0.25 <= usage["cpu_user_s"] + usage["cpu_system_s"] < 5
     assert usage["max_rss_kib"] > 1000  # a Python process, the largest single one
 
@@ -358,10 +378,12 @@ def test_from_the_root_directory_any_receipt_path_is_accepted(paths):
 
 def test_help_teaches_what_the_readme_does():
     text = run_supervisor("--help").stdout
-    for fragment in ("kept", "drained", "detached services", "TERM, INT, HUP",
+    for fragment in ("what is kept: nothing, by default", "drained", "TERM, INT, HUP",
                      "EACH of the three cleanup phases", "COMMAND never starts",
                      "cleanup_confirmed", "preserved", "exit_status", "--drain-all",
-                     "--signal", "--kill-after", "--preserve-status", "--verbose"):
+                     "--preserve-descendants-on-success", "--keep-services", "--containment",
+                     "--end-kept", "--signal", "--kill-after", "--preserve-status",
+                     "--verbose", "137"):
         assert fragment in text, fragment
 
 

@@ -13,7 +13,7 @@ import signal
 import subprocess
 
 from conftest import (
-    ROOT, SUPERVISOR, alive, finish, kill_all, read_receipt, run_supervisor, start_tree,
+    KEEP, ROOT, SUPERVISOR, alive, finish, kill_all, read_receipt, run_supervisor, start_tree,
 )
 
 
@@ -27,7 +27,7 @@ def test_a_forced_stop_by_a_real_time_signal(other_python, paths):
         {"name": "service", "detach": True, "session": True},
         {"name": "tool", "session": True, "children": [
             {"name": "helper", "group": True, "ignore_term": True}]}]}
-    proc, nodes = start_tree(spec, *paths.options(cleanup=0.5), python=other_python,
+    proc, nodes = start_tree(spec, *paths.options(cleanup=0.5) + KEEP, python=other_python,
                              tree_python=other_python)
     number = signal.SIGRTMIN + 5
     proc.send_signal(number)

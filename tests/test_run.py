@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import (
-    IS_ROOT, PY, ROOT, alive, descendants, finish, heavy, inotify_watches, kill_all, plain_signals,
+    DEFAULT_CONTAINMENT, IS_ROOT, KEEP, PY, ROOT, alive, descendants, finish, heavy, inotify_watches, kill_all, plain_signals,
     proc_stat, read_lines, read_lines_until, read_receipt, run, run_supervisor, start_supervisor,
     start_tree, stop_noticed_after, wait_until,
 )
@@ -21,12 +21,15 @@ RECEIPT_TYPES = {
     "schema_version": int, "supervisor_version": str, "python_version": str,
     "command": list, "workdir": str, "pid": (int, type(None)), "supervisor_pid": int,
     "started_at": str, "ended_at": str, "duration_s": float, "timeout_s": float,
-    "cleanup_timeout_s": float, "stop_reason": str, "signal": (str, type(None)),
+    "cleanup_timeout_s": float, "policy": str, "stop_signal": (str, type(None)),
+    "stop_reason": str, "signal": (str, type(None)),
     "timed_out": bool, "return_code": (int, type(None)), "exit_status": int,
     "cleanup_confirmed": bool, "cleanup_s": float, "ladder": list, "containment": str,
-    "user": (dict, type(None)), "preserved": list, "survivors": list, "unattributed": list,
-    "drained": list,
-    "drained_count": int, "usage": dict, "error": (str, type(None)),
+    "cgroup": (str, type(None)), "kept_cgroup": (str, type(None)),
+    "cgroup_unavailable": (str, type(None)),
+    "user": (dict, type(None)), "preserved": list, "survivors": list, "survivors_count": int,
+    "unattributed": list, "drained": list, "drained_count": int, "omitted": dict,
+    "usage": dict, "error": (str, type(None)),
 }
 
 
@@ -207,12 +210,26 @@ def test_natural_exit_kills_a_member_that_ignores_sigterm(paths):
     assert terminating["step"] == "terminating" and terminating["duration_s"] >= 0.5
 
 
-def test_natural_exit_keeps_a_detached_service(paths):
+def test_natural_exit_drains_everything_by_default(paths):
     spec = {"name": "cmd", "exit_early": True, "children": [
         {"name": "service", "detach": True, "session": True,
          "children": [{"name": "worker"}]},
         {"name": "member"}]}
     proc, nodes = start_tree(spec, *paths.options())
+    status, _, err = finish(proc)
+    assert status == 0, err
+    assert not any(alive(pid) for pid in nodes.values())
+    receipt = read_receipt(paths.receipt)
+    assert receipt["preserved"] == [] and receipt["cleanup_confirmed"] is True
+    assert receipt["policy"] == "drain-all"
+
+
+def test_natural_exit_keeps_a_detached_service_with_keep_services(paths):
+    spec = {"name": "cmd", "exit_early": True, "children": [
+        {"name": "service", "detach": True, "session": True,
+         "children": [{"name": "worker"}]},
+        {"name": "member"}]}
+    proc, nodes = start_tree(spec, *paths.options() + KEEP)
     status, _, err = finish(proc)
     try:
         assert status == 0, err
@@ -237,9 +254,10 @@ def test_natural_exit_drains_a_stopped_member(paths):
 
 # --- Forced stop: keep what was detached before, drain everything after ------------------------
 
-def stop_tree(spec, paths, cleanup=2, **kwargs):
+def stop_tree(spec, paths, cleanup=2, extra=(), **kwargs):
     """Start a tree, let it settle, stop it through the stop file."""
-    proc, nodes = start_tree(spec, *paths.options(cleanup=cleanup, stop=True), **kwargs)
+    proc, nodes = start_tree(spec, *paths.options(cleanup=cleanup, stop=True) + list(extra),
+                             **kwargs)
     early = [pid for name, pid in nodes.items() if name.startswith("early")]
     assert wait_until(lambda: not any(alive(p) for p in early))
     paths.stop.write_text("")
@@ -247,11 +265,11 @@ def stop_tree(spec, paths, cleanup=2, **kwargs):
     return status, nodes, err
 
 
-def test_forced_stop_keeps_a_detached_service(paths):
+def test_forced_stop_keeps_a_detached_service_with_keep_services(paths):
     spec = {"name": "cmd", "children": [
         {"name": "service", "detach": True, "session": True, "children": [{"name": "worker"}]},
         {"name": "member"}]}
-    status, nodes, err = stop_tree(spec, paths)
+    status, nodes, err = stop_tree(spec, paths, extra=KEEP)
     try:
         assert status == 124, err
         assert alive(nodes["service"]) and alive(nodes["worker"])
@@ -280,7 +298,7 @@ def test_forced_stop_kills_a_tree_that_ignores_sigterm_within_budget(paths):
         {"name": "c", "ignore_term": True, "session": True,
          "children": [{"name": "d", "ignore_term": True}]}]}
     status, nodes, err = stop_tree(spec, paths, cleanup=0.5)
-    assert status == 124, err
+    assert status == 137, err  # as timeout(1): the stop had to SIGKILL the command
     assert not any(alive(pid) for pid in nodes.values())
     receipt = read_receipt(paths.receipt)
     assert receipt["cleanup_confirmed"] is True
@@ -401,7 +419,7 @@ def test_receipt_has_every_key_with_its_type(paths):
         assert isinstance(receipt[key], types), (key, receipt[key])
     assert receipt["command"] == ["true"]
     assert receipt["workdir"] == str(paths.work)
-    assert receipt["schema_version"] == 2
+    assert receipt["schema_version"] == 3 and receipt["containment"] == DEFAULT_CONTAINMENT
     assert receipt["started_at"].endswith("Z") and receipt["ended_at"] >= receipt["started_at"]
 
 

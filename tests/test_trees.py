@@ -1,13 +1,14 @@
-"""Random process trees, stopped by force: afterwards exactly the detached
-services adopted before the stop (with their descendants) are alive, the
-receipt lists them, and it says the cleanup was confirmed.
+"""Random process trees, stopped by force: afterwards, with --keep-services,
+exactly the detached services adopted before the stop (with their
+descendants) are alive and the receipt lists them; by default nothing is.
+Either way the receipt says the cleanup was confirmed.
 
 What must survive is computed from the tree's spec alone, by the rules the
 README states, not by asking the supervisor.
 """
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import alive, finish, kill_pinned, read_receipt, start_tree, wait_until
+from conftest import KEEP, alive, finish, kill_pinned, read_receipt, start_tree, wait_until
 
 
 @st.composite
@@ -63,21 +64,22 @@ def expected_survivors(root):
 
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(nodes())
-def test_forced_stop_keeps_exactly_the_detached_services(tmp_path_factory, spec):
+@given(nodes(), st.booleans())
+def test_forced_stop_keeps_exactly_the_detached_services(tmp_path_factory, spec, keeping):
     root = name_nodes(spec)
     paths = tmp_path_factory.mktemp("tree")
     receipt_path, stop, work = paths / "out" / "receipt.json", paths / "stop", paths / "work"
     work.mkdir()
     proc, pids = start_tree(root, "--timeout", "60", "--cleanup-timeout", "0.3",
-                            "--workdir", work, "--receipt", receipt_path, "--stop-file", stop)
+                            "--workdir", work, "--receipt", receipt_path, "--stop-file", stop,
+                            *(KEEP if keeping else []))
     early = [pids[n["name"]] for n in walk(root) if n.get("exit_early")]
     assert wait_until(lambda: not any(alive(pid) for pid in early))
     stop.write_text("")
     status, _, err = finish(proc)
-    preserved, keep = expected_survivors(root)
+    preserved, keep = expected_survivors(root) if keeping else ([], [])
     try:
-        assert status == 124, err
+        assert status == (137 if root["ignore_term"] else 124), err  # 137: SIGKILLed
         receipt = read_receipt(receipt_path)
         assert receipt["cleanup_confirmed"] is True
         assert sorted(p["pid"] for p in receipt["preserved"]) == sorted(pids[n] for n in preserved)
