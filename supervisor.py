@@ -97,6 +97,8 @@ _CENSUS_LIMIT = 0.5
 # Signals left pending for a finished run that supervise() discards before
 # it gives the caller's handlers back.
 _DISCARD_LIMIT = 100000
+# A signalfd read: struct signalfd_siginfo is 128 bytes; a batch at a time.
+_SIGINFO_SIZE, _SIGNAL_BATCH = 128, 64
 # In scan mode (no children files) the reaper reuses a scan this old.
 _SCAN_REUSE = 0.5
 
@@ -712,15 +714,18 @@ class _ProcFS(object):
     def threads_of(self, pid):
         return [int(tid) for tid in self.listing("%d/task" % pid) or ()]
 
-    def scan(self):
-        """Every process in this PID namespace: {pid: _Proc}. Costs ~9 us a process."""
+    def scan(self, endtime=None):
+        """Every process in this PID namespace: {pid: _Proc}, ~9 us a process;
+        and whether the scan was whole (it stops at endtime)."""
         procs = {}
         for name in self.listing(".") or ():
+            if endtime is not None and _now() >= endtime:
+                return procs, False
             if name.isdigit():
                 proc = self.stat(int(name))
                 if proc is not None:
                     procs[proc.pid] = proc
-        return procs
+        return procs, True
 
     def owner(self, pid):
         """The effective uid pid runs as (the owner of /proc/PID), or None."""
@@ -814,7 +819,7 @@ class _Children(object):
     def all(self, endtime=None):
         """Our children; past `endtime` perhaps only some (see _ProcFS.read)."""
         if self.scan:
-            return self.note_scan(self.fs.scan())
+            return self.note_scan(self.fs.scan(endtime)[0])
         found = []
         for tid in self.fs.threads_of(self.me):
             data = self.fs.read("%d/task/%d/children" % (self.me, tid), endtime=endtime)
@@ -886,7 +891,7 @@ class _CallersJobs(object):
         index = None
         if children.scan:  # one scan for the whole tree
             index = {}
-            for proc in fs.scan().values():
+            for proc in fs.scan()[0].values():
                 index.setdefault(proc.ppid, []).append(proc.pid)
         while todo:
             proc = todo.pop()
@@ -1231,8 +1236,9 @@ class _ScanLook(object):
     scan saw that parent die mid-scan: the look is then unstable."""
     snapshot = True
 
-    def __init__(self, fs, children, walk):
-        self.procs = fs.scan()
+    def __init__(self, fs, children, walk, endtime):
+        self.procs, whole = fs.scan(endtime)
+        walk.stable = walk.stable and whole
         children.note_scan(self.procs)
         self.index = {}
         for proc in sorted(self.procs.values(), key=lambda p: p.pid):
@@ -1524,9 +1530,9 @@ class _ProcContainment(object):
 
     # The walk.
 
-    def _look(self, walk):
+    def _look(self, walk, endtime):
         if self.children.scan:
-            return _ScanLook(self.fs, self.children, walk)
+            return _ScanLook(self.fs, self.children, walk, endtime)
         return _LiveLook(self.fs, self.children)
 
     def _walk(self, scope, sig=None, kill=False, endtime=None, careful=True):
@@ -1535,7 +1541,7 @@ class _ProcContainment(object):
         and pinned, and those outside the group are sent sig as they are
         found; with kill, SIGKILL too once their children are done."""
         walk = _Walk()
-        look = self._look(walk)
+        look = self._look(walk, endtime)
         # Items are (parent node, pid) to visit, or (node, None) to leave.
         stack = [(None, pid) for pid in reversed(look.own(endtime))]
         try:
@@ -1730,8 +1736,26 @@ class _Cgroup(object):
             os.close(fd)
 
     def procs(self):
-        """The pids of every process in it (not in cgroups below it)."""
-        return [int(word) for word in self.read("cgroup.procs").split()]
+        """The pids of every process in it and in the cgroups below it (a
+        nested supervisor's), each directory read through its own held
+        descriptor."""
+        pids = [int(word) for word in self.read("cgroup.procs").split()]
+        for name in _subdirectories(self.fd):
+            try:
+                below = _Cgroup(self.path + "/" + name, self.shown + "/" + name,
+                                _high_fd(self._open(name, os.O_RDONLY | os.O_DIRECTORY)),
+                                self.openat2)
+            except FileNotFoundError:
+                continue  # removed meanwhile (the nested supervisor is done)
+            try:
+                pids.extend(below.procs())
+            finally:
+                below.close()
+        return pids
+
+    def holds(self, path):
+        """Is the cgroup path (as /proc/PID/cgroup gives it) this one or below it?"""
+        return path == self.path or (path or "").startswith(self.path + "/")
 
     def events(self):
         """cgroup.events as a dict ({"populated": "0", "frozen": "1"}), read
@@ -1819,6 +1843,25 @@ class _CgroupHome(object):
 
     def shown(self):
         return self.mount_point.rstrip("/") + self.path
+
+    def remove_leftovers(self):
+        """Empty cgroups of supervisors that died (SIGKILL) before removing
+        them: rmdir takes only an empty one, so a kept cgroup that still holds
+        what it keeps stays."""
+        for name in _subdirectories(self.fd):
+            parts = name.split("-")
+            if len(parts) == 3 and parts[0] == "treereap" and parts[1].isdigit():
+                try:
+                    os.kill(int(parts[1]), 0)
+                    continue  # its supervisor may be alive (or its pid reused): leave it
+                except ProcessLookupError:
+                    pass
+                except OSError:
+                    continue
+                try:
+                    _remove_below(self.fd, name)
+                except OSError:
+                    pass  # not empty, or taken meanwhile
 
     def close(self):
         if self.fd is not None:
@@ -1946,6 +1989,7 @@ def _unescape(field):
 def _make_run_cgroup(home):
     """The run's cgroup, with what a stop needs: cgroup.kill (Linux 5.14) and
     cgroup.freeze (5.2)."""
+    home.remove_leftovers()
     try:
         cgroup = home.make()
     except OSError as e:
@@ -2033,7 +2077,16 @@ class _CgroupContainment(object):
         os.write(self.cgroup.procs_fd, b"0")  # "0": the writing process
 
     def started(self, pid):
+        """The child joins the cgroup itself before its exec, so that nothing
+        it starts is ever outside; the parent moves it too, at once (as
+        setpgid is made on both sides), so that a stop decided before the
+        child got that far still finds the command in the cgroup. It has not
+        exec'd yet, or joined already: nothing of it can be left out."""
         self.walk.started(pid)
+        try:
+            os.write(self.cgroup.procs_fd, str(pid).encode())
+        except ProcessLookupError:
+            pass  # gone already: its exit says why
 
     def freeze(self):
         self.cgroup.write("cgroup.freeze", "1")
@@ -2069,7 +2122,7 @@ class _CgroupContainment(object):
             if fd is False:
                 continue
             try:
-                if self.fs.cgroup_of(proc.pid) == self.cgroup.path:  # still ours: move it
+                if self.cgroup.holds(self.fs.cgroup_of(proc.pid)):  # still ours: move it
                     try:
                         self.kept_cgroup.write("cgroup.procs", str(proc.pid))
                     except ProcessLookupError:
@@ -2108,7 +2161,7 @@ class _CgroupContainment(object):
                 continue  # gone; or no descriptor left: cgroup.kill reaches it anyway
             pin = _Pin(None, fd)
             try:
-                if self.fs.cgroup_of(pid) == self.cgroup.path:
+                if self.cgroup.holds(self.fs.cgroup_of(pid)):
                     if sig:
                         pin.send(sig)
                     pin.send(signal.SIGCONT)
@@ -2182,7 +2235,7 @@ class _CgroupContainment(object):
         """At done: read what the run cost, then remove the run's cgroup (once
         empty) and the kept one if nothing is in it."""
         self.usage_seen = _cgroup_usage(self.cgroup)
-        if confirmed or not self.cgroup.populated():
+        if not self.removed and not self.cgroup.populated():
             self.removed = self.home.remove(self.cgroup)
         if self.kept_cgroup is not None and not self.kept_cgroup.populated():
             if self.home.remove(self.kept_cgroup):
@@ -2200,12 +2253,16 @@ class _CgroupContainment(object):
         return self.kept_cgroup.path if self.kept_cgroup is not None else None
 
     def close(self):
-        if not self.removed and not self.cgroup.populated():
-            self.removed = self.home.remove(self.cgroup)
-        self.cgroup.close()
-        if self.kept_cgroup is not None:
-            self.kept_cgroup.close()
-        self.home.close()
+        if self.home.fd is None:
+            return  # closed already
+        try:
+            if not self.removed and not self.cgroup.populated():
+                self.removed = self.home.remove(self.cgroup)
+        finally:
+            self.cgroup.close()
+            if self.kept_cgroup is not None:
+                self.kept_cgroup.close()
+            self.home.close()
 
 
 class _EmptyRound(object):
@@ -2252,28 +2309,21 @@ def _cgroup_usage(cgroup):
 # --- Signals and the stop file ---------------------------------------------------------
 
 class _SignalCatcher(object):
-    """This run's signal dispositions: handlers only record what arrived and
-    when, and wake the loop through set_wakeup_fd. close() restores the
-    caller's."""
+    """This run's signals, blocked and read from a signalfd: the kernel
+    queues them and the loop takes them at its own pace, so no handler ever
+    runs, and a flood of queued real-time signals (each would run one) waits
+    in the kernel instead of starving the cleanup. close() restores the
+    caller's dispositions and mask."""
 
     def __init__(self, always=(), stop_signal=signal.SIGTERM):
         self.stop_signal = stop_signal
-        self.held = False
-        self.pending = []
-        self.saved = {}
+        self.held = None              # the signals no longer taken (hold())
+        self.pending = []             # ones noted by hand (a parent already dead)
+        self.saved = {}               # dispositions changed, to give back
         self.ignored_by_caller = set()
+        self.handled = []
         self.caller_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-        self.fd, self.write_end = _pipe()
-        for fd in (self.fd, self.write_end):
-            os.set_blocking(fd, False)
-        try:
-            if sys.version_info >= (3, 7):  # a burst of SIGCHLD must not print warnings
-                self.saved_wakeup = signal.set_wakeup_fd(self.write_end, warn_on_full_buffer=False)
-            else:
-                self.saved_wakeup = signal.set_wakeup_fd(self.write_end)
-        except ValueError:
-            self._close_pipe()
-            raise SupervisorError("supervise() must run in the main thread")
+        self.fd = None
         try:
             self._install(always)
         except BaseException:
@@ -2289,23 +2339,38 @@ class _SignalCatcher(object):
                 self.ignored_by_caller.add(sig)
                 if sig not in always:
                     continue
-            try:
-                self.saved[sig] = signal.signal(sig, self._record)
-            except OSError:  # EINVAL: one the C library keeps for itself
-                pass
-        # Always ours, whatever the caller left: SIGCHLD wakes us, SIGPIPE must
-        # not kill us when stderr is a closed pipe.
-        self.saved[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, self._record)
-        self.saved[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [s for s in self.saved if s != signal.SIGPIPE])
+                self._default(sig)  # an ignored signal is dropped, blocked or not
+            self.handled.append(sig)
+        # Always ours, whatever the caller left: SIGCHLD (ignored, children
+        # would reap themselves), and SIGPIPE ignored (a closed stderr must not
+        # kill us).
+        self._default(signal.SIGCHLD)
+        self.handled.append(signal.SIGCHLD)
+        self.saved.setdefault(signal.SIGPIPE, signal.signal(signal.SIGPIPE, signal.SIG_IGN))
+        signal.pthread_sigmask(signal.SIG_BLOCK, self.handled)
+        self.fd = _signalfd(self.handled)
 
-    def _record(self, signum, frame):
-        self.pending.append((signum, _now()))
+    def _default(self, sig):
+        """SIG_DFL (signal.signal() also refuses outside the main thread, where
+        a blocked mask would not hold a process-wide signal)."""
+        try:
+            self.saved.setdefault(sig, signal.signal(sig, signal.SIG_DFL))
+        except ValueError:
+            raise SupervisorError("supervise() must run in the main thread")
 
     def take(self):
-        """(signal, monotonic time) received since the last call, oldest first."""
-        _discard_pending(self.fd)
+        """(signal, monotonic time) received since the last call, oldest
+        first: at most a batch, so that a flood cannot keep the loop reading."""
         taken, self.pending = self.pending, []
+        try:
+            data = os.read(self.fd, _SIGINFO_SIZE * _SIGNAL_BATCH)
+        except BlockingIOError:
+            data = b""
+        now = _now()
+        for i in range(0, len(data) - _SIGINFO_SIZE + 1, _SIGINFO_SIZE):
+            sig = int.from_bytes(data[i:i + 4], sys.byteorder)
+            if self.held is None or sig not in self.held:
+                taken.append((sig, now))
         return taken
 
     def reset_for_command(self):
@@ -2317,37 +2382,64 @@ class _SignalCatcher(object):
         defaulted = set(_DEFAULTED_FOR_COMMAND)
         if self.stop_signal not in (0, signal.SIGKILL, signal.SIGSTOP):
             defaulted.add(self.stop_signal)
-        for sig in set(self.saved) | defaulted:
+        for sig in set(self.handled) | set(self.saved) | defaulted:
             ignored = sig in self.ignored_by_caller and sig not in defaulted
             signal.signal(sig, signal.SIG_IGN if ignored else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK,
                                set(self.caller_mask) - set(_DEFAULTED_FOR_COMMAND))
 
-    def hold(self):
-        """Take no more signals: block every one we handle. A flood of queued
-        real-time signals (each would run a handler) then waits in the kernel
-        instead of delaying the receipt."""
-        self.held = True
-        signal.pthread_sigmask(signal.SIG_BLOCK, list(self.saved))
+    def hold(self, signals=None):
+        """Take no more of these signals (default: every one): they stay
+        queued in the kernel, discarded at close(), and no longer wake the
+        loop (the signalfd's mask leaves them out)."""
+        self.held = frozenset(self.handled if signals is None else signals)
+        _signalfd([s for s in self.handled if s not in self.held], self.fd)
+
+    def suspend_ourselves(self):
+        """Ctrl-Z for ourselves: SIGTSTP at its default, unblocked, sent to
+        us; on SIGCONT, blocked and ours again. (No SIGTSTP for us when the
+        caller ignored it: SIGSTOP.)"""
+        if signal.SIGTSTP not in self.handled:
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        handler = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # pending, blocked
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTSTP])  # delivered: we stop
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTSTP])
+        signal.signal(signal.SIGTSTP, handler)
 
     def close(self):
-        """The caller's dispositions and mask back. Signals held since hold()
-        were for this run: those still pending are discarded first (at most
-        _DISCARD_LIMIT), rather than delivered to the caller's handlers."""
-        if self.held:
-            waiting = [s for s in self.saved if s not in (signal.SIGKILL, signal.SIGSTOP)]
-            for _ in range(_DISCARD_LIMIT):
-                if signal.sigtimedwait(waiting, 0) is None:
-                    break
-        signal.set_wakeup_fd(self.saved_wakeup)
+        """The caller's dispositions and mask back. What is still queued for
+        this run is discarded first (at most _DISCARD_LIMIT signals), rather
+        than delivered to the caller's handlers."""
+        if self.fd is not None:
+            os.set_blocking(self.fd, False)
+            try:
+                for _ in range(_DISCARD_LIMIT // _SIGNAL_BATCH):
+                    if not os.read(self.fd, _SIGINFO_SIZE * _SIGNAL_BATCH):
+                        break
+            except BlockingIOError:
+                pass
+            os.close(self.fd)
+            self.fd = None
         for sig, handler in self.saved.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, self.caller_mask)
-        self._close_pipe()
 
-    def _close_pipe(self):
-        os.close(self.fd)
-        os.close(self.write_end)
+
+def _signalfd(signals, fd=-1):
+    """A non-blocking signalfd(2) for signals (which the caller blocks); with
+    fd, that one's signals changed."""
+    libc = _libc()
+    mask = libc.ctypes.create_string_buffer(128)  # sigset_t
+    libc.call("sigemptyset", mask)
+    for sig in signals:
+        libc.call("sigaddset", mask, sig)
+    made = libc.lib.signalfd(fd, mask, os.O_NONBLOCK | os.O_CLOEXEC)
+    if made < 0:
+        code = libc.ctypes.get_errno()
+        raise SupervisorError("signalfd: %s" % _os_error_text(OSError(code, os.strerror(code))))
+    return made if fd != -1 else _acquire("signalfd", lambda: _high_fd(made))
 
 
 class _StopFileWatch(object):
@@ -2827,6 +2919,10 @@ def _hurry(run, sig, when):
     if sig == last_signal and when - last_when < _STOP_BURST:
         return
     run.hurry, run.last_stop = True, (sig, when)
+    # Nothing a stop signal can do is left: hold them all, so that a flood of
+    # queued real-time ones (each would run a handler) waits in the kernel
+    # instead of slowing the cleanup down.
+    run.catcher.hold(_STOP_SIGNALS)
 
 
 def _forward(run, sig, when):
@@ -2928,12 +3024,7 @@ def _suspend(run):
         return
     _signal_group(run.fs, run.pid, run.pgid, signal.SIGSTOP)
     _take_back_terminal(run)
-    if signal.SIGTSTP in run.catcher.saved:
-        handler = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTSTP)
-        signal.signal(signal.SIGTSTP, handler)
-    else:
-        os.kill(os.getpid(), signal.SIGSTOP)
+    run.catcher.suspend_ourselves()
     if run.terminal is not None and _caller_terminal() is not None:
         _give_terminal(run.terminal, run.pgid)
     _signal_group(run.fs, run.pid, run.pgid, signal.SIGCONT)
@@ -3476,7 +3567,6 @@ def _finish(run):
     if run.plan.user is not None and run.plan.user.switching:
         run.foreign = _foreign_processes(run, _now() + _FINISH_LIMIT)
     _note_survivors(run)
-    _finish_containment(run)
 
 
 def _reap_command(run):
@@ -3563,9 +3653,14 @@ def _note_survivors(run):
 
 
 def _finish_containment(run):
+    """What the containment reads and removes at the end (a cgroup: its
+    usage, then the cgroup itself), whatever way the run ended."""
     finish = getattr(run.containment, "finish", None)
     if finish is not None:
-        finish(_confirmed(run))
+        try:
+            finish(_confirmed(run))
+        except OSError:
+            pass  # it stays, and the receipt names it
 
 
 def _confirmed(run):
@@ -3888,37 +3983,18 @@ class _ReceiptTarget(object):
 
     def check_name(self):
         """What is at the name now: nothing, a regular file or a symlink (both
-        replaced by the rename); anything else is refused."""
+        replaced by the rename); anything else is refused (see _not_a_receipt)."""
         try:
             st = os.lstat(self.name, dir_fd=self.dir_fd)
         except FileNotFoundError:
             return
         except OSError as e:
             raise _path_error(e, self.path)
-        kind = st.st_mode & 0o170000
-        if kind == 0o040000:
+        if st.st_mode & 0o170000 == 0o040000:
             raise IsADirectoryError(errno.EISDIR, "a directory is there; name a file", self.path)
-        if kind == 0o120000:
-            self._check_link_target()
-        elif kind != 0o100000:
-            raise OSError(errno.EEXIST, "a device, FIFO or socket is there; name a regular "
-                          "file", self.path)
-
-    def _check_link_target(self):
-        """A symlink at the name is replaced, never followed; but one that
-        leads to a device, FIFO, socket, or into /proc or /dev (/dev/stdout:
-        /proc/self/fd/1) says the caller meant that, not a file: refused, as
-        the rename would destroy the link."""
-        try:
-            st = os.stat(self.name, dir_fd=self.dir_fd)
-        except OSError:
-            return  # dangling (or unreadable): nothing there to mistake
-        target = os.path.realpath(os.path.join(self.directory_as_given, self.name))
-        special = st.st_mode & 0o170000 != 0o100000
-        if special or target.split("/")[1:2] in (["proc"], ["dev"]):
-            raise OSError(errno.EEXIST, "a symlink to %s is there (%s); name a regular file"
-                          % (target, "not a regular file" if special else "in /proc or /dev"),
-                          self.path)
+        why = _not_a_receipt(os.path.join(self.directory_as_given, self.name), st)
+        if why:
+            raise OSError(errno.EEXIST, why + "; name a regular file", self.path)
 
     def _open_unnamed(self):
         try:
@@ -4040,6 +4116,29 @@ class _ReceiptTarget(object):
                 os.rmdir(directory)
             except OSError:
                 pass
+
+
+def _not_a_receipt(path, st):
+    """Why what is at path (lstat st) is no receipt to replace, or None. A
+    regular file, or a symlink (replaced, never followed), is one; a device,
+    FIFO or socket is not; nor a symlink that leads to one, or into /proc or
+    /dev (/dev/stdout: /proc/self/fd/1), which says the caller meant that,
+    not a file: the rename would destroy the link."""
+    kind = st.st_mode & 0o170000
+    if kind == 0o100000:
+        return None
+    if kind != 0o120000:
+        return "a device, FIFO or socket is there"
+    target = os.path.realpath(path)
+    if target.split("/")[1:2] in (["proc"], ["dev"]):
+        return "a symlink into /proc or /dev is there (to %s)" % target
+    try:
+        followed = os.stat(path)
+    except OSError:
+        return None  # dangling (or unreadable): nothing there to mistake
+    if followed.st_mode & 0o170000 != 0o100000:
+        return "a symlink to what is not a regular file is there (%s)" % target
+    return None
 
 
 def _writer_identity():
@@ -4232,9 +4331,12 @@ def _execute(run):
             _supervise_started(run)
     except BaseException:
         _abandon(run)
+        if run.containment is not None and run.pid is None:
+            run.containment.close()  # nothing started: the cgroup made for it goes
         raise
     ended_wall, ended = time.time(), _now()
     _take_back_terminal(run)
+    _finish_containment(run)
     # From here on no signal is taken (a flood of queued ones cannot delay the
     # receipt); they stay pending until we exit (the CLI) or are discarded
     # when the caller's handlers come back (the API).
@@ -4277,7 +4379,7 @@ def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
         roots, left_alone = _kept_roots(fs, receipt.get("preserved") or [])
         try:
             endtime = _now() + _check_seconds(cleanup_timeout, "cleanup_timeout")
-            done, ended, note = _end_kept_cgroup(fs, receipt.get("kept_cgroup"), roots, endtime)
+            done, ended, note = _end_kept_cgroup(fs, receipt, roots, endtime)
             outside = [pin for pin in roots if not pin.in_cgroup]
             gone, count = _end_trees(fs, outside, endtime)
             done, ended = done and gone, ended + count
@@ -4330,15 +4432,20 @@ def _kept_roots(fs, entries):
 _KEPT_CGROUP_NAME = "treereap-"
 
 
-def _end_kept_cgroup(fs, path, roots, endtime):
-    """cgroup.kill on the receipt's kept cgroup, if it is one of ours (its
-    name) and holds one of the receipt's kept processes (so a forged receipt
-    cannot name another's); then wait for it to be empty, and remove it.
-    (done, how many it held, a note)."""
+def _end_kept_cgroup(fs, receipt, roots, endtime):
+    """cgroup.kill on the receipt's kept cgroup, if it is one this supervisor
+    makes (its name: the run's cgroup's, with .kept), and it holds the kept
+    processes the receipt names that are alive (a receipt naming another
+    run's cgroup is then caught); then wait for it to be empty, and remove
+    it. A kept cgroup whose listed processes all died holds what descends
+    from them, and is ended too: no pid chain leads there any more. (done,
+    how many it held, a note)."""
+    path = receipt.get("kept_cgroup")
     if not path:
         return True, 0, None
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    if not (name.startswith(_KEPT_CGROUP_NAME) and name.endswith(".kept")):
+    run_name = str(receipt.get("cgroup") or "").rstrip("/").rsplit("/", 1)[-1]
+    if not (name.startswith(_KEPT_CGROUP_NAME) and name == run_name + ".kept"):
         return False, 0, "kept_cgroup %s is not a cgroup this supervisor makes: left alone" % path
     try:
         home = _find_cgroup_home_for(fs, path)
@@ -4355,8 +4462,8 @@ def _end_kept_cgroup(fs, path, roots, endtime):
         for pin in roots:
             pin.in_cgroup = fs.cgroup_of(pin.proc.pid) == cgroup.path
         members = cgroup.procs()
-        if members and not any(pin.in_cgroup for pin in roots):
-            return False, 0, ("kept_cgroup %s holds processes none of which the receipt names: "
+        if roots and not all(pin.in_cgroup for pin in roots):
+            return False, 0, ("kept_cgroup %s does not hold the processes the receipt kept: "
                               "left alone" % path)
         cgroup.write("cgroup.kill", "1")
         emptied = _wait_events(cgroup, "populated", "0", endtime)
@@ -4982,8 +5089,10 @@ def _remove_stale_at(path):
         st = os.lstat(path)
     except (OSError, ValueError):
         return None  # nothing there (or no path to speak of)
-    if st.st_mode & 0o170000 not in (0o100000, 0o120000):
-        return "--receipt %s is not a regular file: left alone" % path
+    why = "a directory is there" if st.st_mode & 0o170000 == 0o040000 else _not_a_receipt(
+        path, st)
+    if why:
+        return "--receipt %s: %s: left alone" % (path, why)
     try:
         os.unlink(path)
     except OSError as e:

@@ -227,7 +227,7 @@ json_values = st.recursive(
 
 
 @given(json_values)
-@settings(max_examples=300)
+@settings(max_examples=150)
 def test_receipt_json_is_what_the_json_module_writes(value):
     text = supervisor._json(value)
     assert text == json.dumps(value, indent=2)

@@ -1,6 +1,6 @@
-"""The real clients: an RL controller's fenced launch, GNU timeout around the
-supervisor, timeout(1)'s options, --drain-all for CI, the receipt's drained
-and usage, the workdir from /, the API, and the package beside supervisord."""
+"""The real clients: GNU timeout around the supervisor, timeout(1)'s options,
+CI, the receipt's drained and usage, the workdir from /, the API, and the
+package beside supervisord. (An RL controller's protocol: test_nemo.py.)"""
 import json
 import os
 import shutil
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import (
-    DEFAULT_CONTAINMENT, KEEP, PY, ROOT, SUPERVISOR, alive, finish, heavy, kill_all, plain_signals, read_lines_until,
+    DEFAULT_CONTAINMENT, KEEP, PY, ROOT, alive, finish, heavy, kill_all, plain_signals, read_lines_until,
     read_receipt, run, run_supervisor, running, spawn, start_supervisor, start_tree,
     supervisor_cmd, wait_until,
 )
@@ -32,107 +32,6 @@ os.write(1, b"ready\n")
 while True:
     time.sleep(1)
 """
-
-
-# --- The RL controller's protocol ------------------------------------------------------------------
-
-LAUNCH = """\
-[ -d "$DIR" ] || exit 0
-{py} -I {sup} --help >/dev/null || exit $?
-trap '' TERM
-echo $$ > "$DIR/runner.pid" && exec {py} -I {sup} --timeout "$T" --cleanup-timeout 2 \\
-    --stop-file "$DIR/runner.stop" --receipt "$DIR/cleanup.json" -- "$@" >"$DIR/runner.log" 2>&1
-"""
-
-STOP = """\
-touch "$DIR/runner.stop"
-kill -TERM "$(cat "$DIR/runner.pid")"
-"""
-
-
-@pytest.fixture
-def controller(tmp_path):
-    box = tmp_path / "box"
-    box.mkdir()
-    (tmp_path / "launch.sh").write_text(LAUNCH.format(py=PY, sup=SUPERVISOR))
-    (tmp_path / "stop.sh").write_text(STOP)
-    return tmp_path
-
-
-def launch(controller, timeout, *command, started=True):
-    env = dict(os.environ, DIR=str(controller / "box"), T=str(timeout))
-    # From /, as docker exec and kubectl exec start it: nobody's workdir.
-    proc = spawn(["sh", str(controller / "launch.sh")] + list(command), env=env, cwd="/",
-                 stdout=None, stderr=None)
-    runner_pid = controller / "box" / "runner.pid"
-    assert wait_until(runner_pid.exists)
-    if started:
-        assert wait_until(lambda: b"started" in _read(controller / "box" / "runner.log"))
-    return proc, env
-
-
-def _read(path):
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
-
-
-def test_a_fenced_launch_stops_on_the_controllers_word(controller):
-    """trap '' TERM fences the launch; the stop file and SIGTERM stop the run,
-    and the receipt (the four reference keys, confirmed) is there, also when a
-    member ignores SIGTERM (it takes the grace, then SIGKILL)."""
-    proc, env = launch(controller, 600, "sh", "-c",
-                       "echo started; (trap '' TERM; exec sleep 300) & exec sleep 300")
-    subprocess.check_call(["sh", str(controller / "stop.sh")], env=env)
-    receipt_path = controller / "box" / "cleanup.json"
-    assert wait_until(receipt_path.exists, timeout=60)
-    receipt = read_receipt(receipt_path)
-    assert REFERENCE_KEYS <= set(receipt)
-    assert receipt["cleanup_confirmed"] is True and receipt["error"] is None
-    assert receipt["stop_reason"] in ("stop_file", "signal") and receipt["timed_out"] is False
-    assert proc.wait(timeout=10) == receipt["exit_status"]
-
-
-@pytest.mark.parametrize("pause", [0, 0.5])
-def test_the_controllers_stop_keeps_the_commands_grace(controller, pause):
-    """The stop script touches the stop file, then sends SIGTERM: one request.
-    The SIGTERM used to count as a second stop signal, which skips the grace:
-    the command, which takes 0.3 s to exit, died of SIGKILL. The same with a
-    controller slower between its two steps (two docker exec calls)."""
-    proc, env = launch(controller, 600, PY, "-c", "print('started', flush=True);" + REPORTER,
-                       "--exit-on-signal", "0.3")
-    assert wait_until(lambda: b"ready" in _read(controller / "box" / "runner.log"))  # handlers set
-    (controller / "box" / "runner.stop").touch()
-    time.sleep(pause)
-    os.kill(int((controller / "box" / "runner.pid").read_text()), signal.SIGTERM)
-    status = proc.wait(timeout=30)
-    receipt = read_receipt(controller / "box" / "cleanup.json")
-    assert receipt["return_code"] == 3, receipt  # its handler finished: no SIGKILL
-    # At once, the SIGTERM may be seen first: then it decided, and the stop
-    # file is the same request.
-    expected = ["stop_file"] if pause else ["stop_file", "signal"]
-    assert receipt["stop_reason"] in expected and receipt["cleanup_confirmed"] is True
-    assert status == receipt["exit_status"] == {"stop_file": 124, "signal": 143}[
-        receipt["stop_reason"]]
-
-
-def test_a_fenced_launch_gives_the_command_sigterm_first_at_the_deadline(controller):
-    """The command does not inherit the fence: at the deadline it gets SIGTERM
-    (and may exit gracefully), not SIGKILL after the whole grace. A deadline
-    is a time, and a loaded machine may reach it before the command's trap is
-    set: then the command dies of that SIGTERM, which is the same proof."""
-    proc, env = launch(controller, 1, "sh", "-c",
-                       "trap 'echo GOT 15; exit 3' TERM; echo started; "
-                       "while :; do sleep 0.05; done", started=False)
-    assert proc.wait(timeout=60) == 124
-    receipt = read_receipt(controller / "box" / "cleanup.json")
-    assert receipt["timed_out"] is True
-    if b"started" in _read(controller / "box" / "runner.log"):
-        assert receipt["return_code"] == 3  # its handler ran
-    else:
-        assert receipt["return_code"] == -signal.SIGTERM
-    assert receipt["ladder"][0]["duration_s"] < 1.9  # not the 2 s grace, then SIGKILL
 
 
 # --- GNU timeout around it: one burst, one request ------------------------------------------------
@@ -326,7 +225,8 @@ def test_the_receipt_lists_what_was_drained(paths):
     script = "for i in 1 2 3; do sleep 300 & done; setsid -f sleep 301; echo started; exec sleep 302"
     proc = start_supervisor(*paths.options(cleanup=1, stop=True) + ["--", "sh", "-c", script])
     read_lines_until(proc.stdout, "started")
-    assert wait_until(lambda: running(proc.pid, [b"sleep", b"302"]))  # the exec is done
+    for argv in ([b"sleep", b"302"], [b"sleep", b"301"]):  # the execs are done
+        assert wait_until(lambda: running(proc.pid, argv))
     paths.stop.write_text("")
     status, _, err = finish(proc)
     receipt = read_receipt(paths.receipt)

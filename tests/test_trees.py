@@ -62,7 +62,7 @@ def expected_survivors(root):
     return preserved, keep
 
 
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=15, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(nodes(), st.booleans())
 def test_forced_stop_keeps_exactly_the_detached_services(tmp_path_factory, spec, keeping):

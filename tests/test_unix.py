@@ -344,7 +344,10 @@ def test_nested_supervisors_an_outer_stop_stops_the_inner_cleanly(paths, tmp_pat
     assert status == 124, err
     outer, inner = read_receipt(paths.receipt), read_receipt(inner_receipt)
     assert outer["cleanup_confirmed"] is True and outer["stop_reason"] == "stop_file"
-    assert inner["cleanup_confirmed"] is True and inner["signal"] == "SIGTERM"
+    # The outer stop sends SIGTERM to every process of its run, the inner's
+    # too: the inner supervisor sees its own SIGTERM, or its command's end.
+    assert inner["cleanup_confirmed"] is True
+    assert (inner["stop_reason"], inner["signal"]) in (("signal", "SIGTERM"), ("exit", None))
     assert outer["return_code"] == 143  # the inner one exited, it was not killed
     pids = [int(line.split()[2]) for line in lines if line.startswith("NODE")]
     assert not any(alive(pid) for pid in pids)

@@ -1,0 +1,211 @@
+"""The kernel's own containment: the run in a cgroup of its own. What it
+keeps survives cgroup.kill in a sibling cgroup the receipt names; what left
+the cgroup is still found; nested supervisors nest their cgroups; where no
+cgroup can be made, auto falls back to the /proc walk and `cgroup` refuses.
+
+Tests that make a cgroup of their own remove it; the supervisor removes its."""
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from conftest import (
+    IS_ROOT, KEEP, PY, alive, finish, kill_all, needs_cgroup, read_lines, read_lines_until,
+    read_receipt, run, run_supervisor, start_supervisor, supervisor_cmd, tree_cmd, wait_until,
+)
+
+CGROUP_ROOT = "/sys/fs/cgroup/unified"
+CGROUP = ["--containment", "cgroup"]
+
+
+def cgroup_dir(path):
+    """The directory of a cgroup path as a receipt gives it (relative to the
+    hierarchy's root), on this machine's cgroup v2 mount."""
+    return CGROUP_ROOT + path
+
+
+def cgroup_procs(path):
+    with open(cgroup_dir(path) + "/cgroup.procs") as f:
+        return [int(pid) for pid in f.read().split()]
+
+
+def our_cgroups():
+    """The cgroups supervisors made at the hierarchy's root."""
+    try:
+        return sorted(n for n in os.listdir(CGROUP_ROOT) if n.startswith("treereap-"))
+    except OSError:
+        return []
+
+
+@needs_cgroup
+def test_the_run_is_in_a_cgroup_of_its_own_and_it_is_removed_at_the_end(paths):
+    script = "cat /proc/self/cgroup; setsid sh -c 'cat /proc/self/cgroup' ; exit 0"
+    result = run_supervisor(*paths.options() + CGROUP + ["--", "sh", "-c", script])
+    assert result.returncode == 0, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["containment"] == "cgroup" and receipt["kept_cgroup"] is None
+    lines = [line for line in result.stdout.splitlines() if line.startswith("0::")]
+    assert lines == ["0::" + receipt["cgroup"]] * 2  # the command, and a process in a new session
+    assert not os.path.exists(cgroup_dir(receipt["cgroup"]))
+    assert receipt["usage"]["source"] == "cgroup"
+
+
+@needs_cgroup
+def test_a_service_kept_in_a_cgroup_outlives_the_run_and_the_owner_ends_it_all(paths):
+    """--keep-services: the service and its child are moved, while the run is
+    frozen, to the sibling cgroup for what the run keeps, and survive
+    cgroup.kill. The kept cgroup stays while it holds them; --end-kept ends
+    all of it at once, even a descendant whose parent died (no pid chain
+    leads to it any more)."""
+    script = ("setsid -f sh -c 'sleep 300 & echo child $!; echo service $$; exec sleep 300'; "
+              "sleep 300 & echo started; wait")
+    proc = start_supervisor(*paths.options(cleanup=1, stop=True) + KEEP + CGROUP + [
+        "--", "sh", "-c", script])
+    lines = read_lines(proc.stdout, 3)  # child, service, started: in any order
+    pids = dict(line.split() for line in lines if len(line.split()) == 2)
+    service, child = int(pids["service"]), int(pids["child"])
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    try:
+        assert status == 124, err
+        assert receipt["cleanup_confirmed"] is True
+        assert [p["pid"] for p in receipt["preserved"]] == [service]
+        kept = receipt["kept_cgroup"]
+        assert kept and kept.endswith(".kept") and os.path.isdir(cgroup_dir(kept))
+        assert sorted(cgroup_procs(kept)) == sorted([service, child])
+        assert not os.path.exists(cgroup_dir(receipt["cgroup"]))
+        os.kill(service, signal.SIGKILL)  # the child loses its parent: only the cgroup holds it
+        assert wait_until(lambda: not alive(service))
+        ended = run_supervisor("--end-kept", paths.receipt, "-k", "5")
+        assert ended.returncode == 0, ended.stderr
+        assert "all kept processes are gone" in ended.stderr
+        assert not alive(child) and not os.path.exists(cgroup_dir(kept))
+    finally:
+        kill_all([p for p in (service, child) if alive(p)])
+
+
+@needs_cgroup
+def test_a_process_moved_out_of_the_runs_cgroup_is_still_drained(paths, tmp_path):
+    """A root command can write a child's pid into another cgroup: that child
+    escapes cgroup.kill, but it still descends from the supervisor, and the
+    walk behind the confirmation finds and drains it."""
+    other = os.path.join(CGROUP_ROOT, "test-escape-%d" % os.getpid())
+    os.mkdir(other)
+    try:
+        script = ("setsid sh -c 'trap \"\" TERM; echo escaped $$; exec sleep 300' > escaped & "
+                  "while [ ! -s escaped ]; do sleep 0.01; done; "
+                  "cut -d' ' -f2 escaped > %s/cgroup.procs; echo moved; exec sleep 300" % other)
+        proc = start_supervisor(*paths.options(cleanup=0.5, stop=True) + CGROUP + [
+            "--", "sh", "-c", script])
+        read_lines_until(proc.stdout, "moved")
+        escaped = int((paths.work / "escaped").read_text().split()[1])
+        assert cgroup_procs("/" + os.path.basename(other)) == [escaped]
+        paths.stop.write_text("")
+        status, _, err = finish(proc)
+        receipt = read_receipt(paths.receipt)
+        assert status == 124, err
+        assert receipt["cleanup_confirmed"] is True
+        assert not alive(escaped)
+        assert escaped in [p["pid"] for p in receipt["drained"]]
+    finally:
+        os.rmdir(other)
+
+
+@needs_cgroup
+def test_nested_supervisors_nest_their_cgroups(paths, tmp_path):
+    inner_receipt = tmp_path / "inner.json"
+    inner = supervisor_cmd("--timeout", 60, "--cleanup-timeout", 1, "--receipt", inner_receipt,
+                           "--workdir", paths.work, "--", *tree_cmd(
+                               {"name": "cmd", "children": [{"name": "tool", "session": True}]}))
+    proc = start_supervisor(*paths.options(cleanup=5, stop=True) + ["--"] + inner)
+    lines = read_lines_until(proc.stdout, "READY")
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    assert status == 124, err
+    outer, inner = read_receipt(paths.receipt), read_receipt(inner_receipt)
+    assert outer["containment"] == inner["containment"] == "cgroup"
+    assert inner["cgroup"].startswith(outer["cgroup"] + "/")
+    assert outer["cleanup_confirmed"] is True and inner["cleanup_confirmed"] is True
+    pids = [int(line.split()[2]) for line in lines if line.startswith("NODE")]
+    assert not any(alive(pid) for pid in pids)
+    assert not os.path.exists(cgroup_dir(outer["cgroup"]))
+
+
+@needs_cgroup
+def test_usage_comes_from_the_cgroup(paths):
+    """cpu.stat counts every process the run held, reaped or not: here a
+    process that burns 0.3 s of CPU in a session of its own and is still
+    running at the stop (the drain kills it, unreaped by anyone but the
+    kernel's count)."""
+    burn = ("import time\nend = time.process_time() + 0.3\n"
+            "while time.process_time() < end: pass\nprint('burnt', flush=True)\ntime.sleep(60)\n")
+    proc = start_supervisor(*paths.options(stop=True) + CGROUP + [
+        "--", "sh", "-c", 'setsid "$0" -c "$1" & wait', PY, burn])
+    read_lines_until(proc.stdout, "burnt")
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    usage = read_receipt(paths.receipt)["usage"]
+    assert usage["source"] == "cgroup", err
+    assert usage["cpu_user_s"] + usage["cpu_system_s"] >= 0.25
+    assert usage["fork_rss_kib"] > 0
+
+
+@pytest.mark.skipif(not IS_ROOT or not os.path.isdir(CGROUP_ROOT),
+                    reason="needs root and a cgroup v2 mount to make read-only")
+def test_where_no_cgroup_can_be_made_auto_falls_back_and_cgroup_refuses(paths):
+    """The cgroup v2 mount made read-only in a private mount namespace: auto
+    takes the /proc walk (and says why in the receipt), --containment cgroup
+    refuses in one line."""
+    def in_read_only_cgroups(*options):
+        inner = " ".join(supervisor_cmd(*paths.options() + list(options) + ["--", "true"]))
+        script = "mount -o bind,remount,ro %s && exec %s" % (CGROUP_ROOT, inner)
+        return run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script])
+    result = in_read_only_cgroups()
+    assert result.returncode == 0, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["containment"] == "children" and receipt["cgroup"] is None
+    assert "read-only" in receipt["cgroup_unavailable"]
+    result = in_read_only_cgroups("--containment", "cgroup")
+    assert result.returncode == 125
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "--containment cgroup" in lines[0] and "read-only" in lines[0]
+    assert not paths.receipt.exists()
+
+
+def test_an_unknown_containment_is_refused(paths):
+    result = run_supervisor(*paths.options() + ["--containment", "jail", "--", "true"])
+    assert result.returncode == 125
+    assert result.stderr.count("\n") == 1 and "--containment" in result.stderr
+
+
+@needs_cgroup
+def test_a_forged_kept_cgroup_is_left_alone(paths, tmp_path):
+    """--end-kept kills a kept cgroup only if it is one this supervisor makes
+    (named after the run's cgroup) and it holds the kept processes the
+    receipt names: a receipt pointing at another's cgroup ends nothing."""
+    other = os.path.join(CGROUP_ROOT, "treereap-1-00000000.kept")
+    os.mkdir(other)
+    victim = subprocess.Popen(["sleep", "300"])
+    named = subprocess.Popen(["sleep", "300"])  # alive, and not in that cgroup
+    try:
+        with open(other + "/cgroup.procs", "w") as f:
+            f.write(str(victim.pid))
+        with open("/proc/%d/stat" % named.pid) as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19])
+        forged = tmp_path / "forged.json"
+        for run_cgroup in ("/treereap-1-00000000", "/treereap-2-00000000"):
+            forged.write_text(json.dumps({
+                "preserved": [{"pid": named.pid, "start_time": start}],
+                "cgroup": run_cgroup, "kept_cgroup": "/" + os.path.basename(other)}))
+            result = run_supervisor("--end-kept", forged, "-k", "1")
+            assert result.returncode == 125, result.stderr
+            assert "left alone" in result.stderr
+            assert victim.poll() is None
+    finally:
+        for proc in (victim, named):
+            proc.kill()
+            proc.wait()
+        os.rmdir(other)

@@ -1,0 +1,448 @@
+"""A hostile command still cannot make the receipt lie, round 2: mounts
+inside /proc and inside the run's cgroup, symlinks on the receipt path,
+shared uids, a process stuck in D state, huge argv, a self-stopping --user
+command, signal floods, a receipt path that is not a file, a bind-mounted
+workdir, and a temporary file left by a SIGKILL.
+
+Mounts happen in a private mount namespace (unshare --mount), so nothing
+reaches the host's; what a test mounts, freezes or starts, it undoes."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from conftest import (
+    HAS_CGROUP, IS_ROOT, PY, alive, descendants, finish, heavy, kill_all, read_lines_until,
+    read_receipt, run, run_supervisor, running, spawn, start_supervisor, supervisor_cmd,
+    wait_until,
+)
+from test_trust import AS_NOBODY, NOBODY, open_dir, user_run  # noqa: F401 (open_dir: a fixture)
+
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root (mounts, --user, loop devices)")
+
+
+def in_private_mounts(argv):
+    return ["unshare", "--mount", "--propagation", "private"] + argv
+
+
+def containments():
+    return ["proc"] + (["cgroup"] if HAS_CGROUP else [])
+
+
+# --- A proof never crosses a mount the command made ------------------------------------------------
+
+@needs_root
+@pytest.mark.parametrize("kind", containments())
+def test_a_file_mounted_over_our_own_children_list_is_never_believed(paths, tmp_path, kind):
+    """A root command bind-mounts an empty file over the supervisor's
+    /proc/SUP/task/SUP/children: the look the confirmation rests on would
+    see no children. It must fail, not come back empty: a setsid sleep that
+    lives on is never covered by a confirmed receipt."""
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    script = ("setsid -f sh -c 'echo $$ > tool; trap \"\" TERM; exec sleep 300'; "
+              "while [ ! -s tool ]; do sleep 0.01; done; "
+              "mount --bind %s /proc/$PPID/task/$PPID/children && echo mounted; exec sleep 300"
+              % empty)
+    proc = spawn(in_private_mounts(supervisor_cmd(*paths.options(cleanup=0.5, stop=True) + [
+        "--containment", kind, "--", "sh", "-c", script])))
+    read_lines_until(proc.stdout, "mounted")
+    tool = int((paths.work / "tool").read_text())
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    try:
+        assert not (receipt["cleanup_confirmed"] and alive(tool)), receipt
+        if kind == "proc":  # the walk cannot read its own list: it says so
+            assert status == 125 and receipt["cleanup_confirmed"] is False
+            assert "mount made inside /proc" in receipt["error"]
+    finally:
+        kill_all([tool])
+
+
+@needs_root
+def test_a_fake_stat_over_a_process_is_never_believed(paths, tmp_path):
+    """A root command bind-mounts a stat saying "zombie" over a live tool's
+    /proc/PID/stat: the walk must not take the tool for dead."""
+    script = ("setsid -f sh -c 'echo $$ > tool; trap \"\" TERM; exec sleep 300'; "
+              "while [ ! -s tool ]; do sleep 0.01; done; t=$(cat tool); "
+              "sed 's/) S /) Z /' /proc/$t/stat > fake; "
+              "mount --bind fake /proc/$t/stat && echo mounted; exec sleep 300")
+    proc = spawn(in_private_mounts(supervisor_cmd(*paths.options(cleanup=0.5, stop=True) + [
+        "--containment", "proc", "--", "sh", "-c", script])))
+    read_lines_until(proc.stdout, "mounted")
+    tool = int((paths.work / "tool").read_text())
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    try:
+        assert status == 125 and receipt["cleanup_confirmed"] is False, err
+        assert "mount made inside /proc" in receipt["error"]
+    finally:
+        kill_all([tool])
+
+
+@needs_root
+@pytest.mark.skipif(not HAS_CGROUP, reason="needs a writable cgroup v2 hierarchy")
+def test_a_fake_cgroup_events_is_never_believed(paths, tmp_path):
+    """A root command bind-mounts "populated 0" over its cgroup's
+    cgroup.events: the empty cgroup it claims is never taken on its word."""
+    fake = tmp_path / "events"
+    fake.write_text("populated 0\nfrozen 0\n")
+    script = ("cg=/sys/fs/cgroup/unified$(grep ^0:: /proc/self/cgroup | cut -d: -f3); "
+              "(trap '' TERM; exec sleep 300) & echo $! > member; "
+              "mount --bind %s $cg/cgroup.events && echo mounted; exec sleep 300" % fake)
+    proc = spawn(in_private_mounts(supervisor_cmd(*paths.options(cleanup=0.5, stop=True) + [
+        "--containment", "cgroup", "--", "sh", "-c", script])))
+    read_lines_until(proc.stdout, "mounted")
+    member = int((paths.work / "member").read_text())
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    assert not (receipt["cleanup_confirmed"] and alive(member)), receipt
+    kill_all([member])
+
+
+# --- The receipt path, as given -----------------------------------------------------------------------
+
+@needs_root
+@pytest.mark.parametrize("where", ["owned", "sticky"])
+def test_user_refuses_a_symlink_on_the_receipt_path_the_user_controls(open_dir, where):
+    """The path as given is judged, every component: a symlink the user owns
+    (here in a directory it owns; or its own link in the sticky /tmp) lets it
+    re-point the path the controller reads at a receipt of its own."""
+    top = open_dir["top"]
+    if where == "owned":
+        home = os.path.join(top, "home")
+        os.mkdir(home)
+        os.chown(home, NOBODY, NOBODY)
+        link = os.path.join(home, "ctl")
+    else:
+        sticky = os.path.join(top, "sticky")
+        os.mkdir(sticky)
+        os.chmod(sticky, 0o1777)
+        link = os.path.join(sticky, "ctl")
+    os.symlink(open_dir["ctl"], link)
+    os.lchown(link, NOBODY, NOBODY)
+    result = user_run(dict(open_dir, receipt=os.path.join(link, "receipt.json")),
+                      "--user", "nobody", command=("true",))
+    assert result.returncode == 125
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and link in lines[0] and "symlink" in lines[0], result.stderr
+
+
+# --- Shared uids ------------------------------------------------------------------------------------
+
+@needs_root
+def test_a_process_of_the_runs_uid_outside_the_run_keeps_it_from_being_confirmed(open_dir):
+    """nobody is shared by daemons and by every sandbox that uses it: a
+    process of that uid started during the run outside its tree (here by the
+    test; a ptrace of an unrelated process does the same) cannot be told
+    from one the command had started that way. Listed, not confirmed."""
+    go = os.path.join(open_dir["work"], "go")
+    script = "echo started; while [ ! -e %s ]; do sleep 0.01; done" % go
+    proc = spawn(supervisor_cmd("--timeout", 60, "--workdir", open_dir["work"], "--receipt",
+                                open_dir["receipt"], "--user", "nobody", "--",
+                                "sh", "-c", script), cwd=open_dir["work"])
+    read_lines_until(proc.stdout, "started")
+    outsider = spawn(AS_NOBODY + ["sleep", "300"], stdout=None, stderr=None)
+    try:
+        open(go, "w").close()
+        status, _, err = finish(proc)
+        receipt = read_receipt(open_dir["receipt"])
+        assert status == 125 and receipt["cleanup_confirmed"] is False
+        assert [(p["pid"], p["why"]) for p in receipt["unattributed"]] == [
+            (outsider.pid, "uid %d, outside the run" % NOBODY)]
+        assert "a uid of its own" in err
+    finally:
+        outsider.kill()
+        outsider.wait()
+
+
+# --- No read hangs the supervisor -------------------------------------------------------------------
+
+D_STATE = r"""
+import mmap, os, sys, threading, time
+f = open(sys.argv[1] + "/data", "w+b")
+f.truncate(4096 * 16)
+m = mmap.mmap(f.fileno(), 4096 * 16, mmap.MAP_SHARED)
+print("mapped", flush=True)
+while not os.path.exists("go"):
+    time.sleep(0.01)
+def write():
+    m[8192:8193] = b"x"  # a write fault on a frozen filesystem: D state until thawed
+threading.Thread(target=write).start()
+time.sleep(300)
+"""
+
+
+@needs_root
+@pytest.mark.skipif(not all(os.path.exists(p) for p in ("/usr/sbin/fsfreeze", "/usr/sbin/mkfs.ext4")),
+                    reason="needs fsfreeze and mkfs.ext4")
+def test_a_process_stuck_in_d_state_cannot_stretch_the_bound(paths, tmp_path):
+    """A thread blocked on a frozen filesystem (as on a hung NFS or FUSE
+    mount): SIGKILL cannot end it until the filesystem thaws, and reading
+    its argv may block on its memory-map lock. The run still ends within its
+    bound, not confirmed, and the process's argv is marked unread."""
+    image, mount = tmp_path / "image", tmp_path / "mnt"
+    subprocess.check_call(["dd", "if=/dev/zero", "of=%s" % image, "bs=1M", "count=16",
+                           "status=none"])
+    subprocess.check_call(["mkfs.ext4", "-q", str(image)])
+    mount.mkdir()
+    subprocess.check_call(["mount", "-o", "loop", str(image), str(mount)])
+    frozen = False
+    try:
+        proc = start_supervisor(*paths.options(cleanup=0.5, stop=True) + [
+            "--", PY, "-c", D_STATE, str(mount)])
+        read_lines_until(proc.stdout, "mapped")
+        subprocess.check_call(["fsfreeze", "-f", str(mount)])
+        frozen = True
+        (paths.work / "go").write_text("")
+        assert wait_until(lambda: "D" in thread_states(proc.pid))
+        paths.stop.write_text("")
+        status, _, err = finish(proc)
+        receipt = read_receipt(paths.receipt)
+        assert status == 125 and receipt["cleanup_confirmed"] is False
+        assert receipt["duration_s"] <= receipt["ladder"][0]["start_s"] + 3 * 0.5 + 3
+        stuck = [s for s in receipt["survivors"] if s["command"] is None]
+        assert stuck and receipt["survivors_count"] >= 1, receipt["survivors"]
+    finally:
+        if frozen:
+            subprocess.call(["fsfreeze", "-u", str(mount)])
+        time.sleep(0.1)
+        subprocess.call(["umount", "-l", str(mount)])
+
+
+def thread_states(pid):
+    """The states of pid's threads, the command's only child below the supervisor."""
+    states = []
+    for child in descendants(pid):
+        try:
+            for tid in os.listdir("/proc/%d/task" % child):
+                with open("/proc/%d/task/%s/stat" % (child, tid)) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            pass
+    return states
+
+
+# --- The receipt has a bounded size -----------------------------------------------------------------
+
+@heavy
+def test_a_thousand_huge_argvs_make_a_receipt_of_at_most_a_mebibyte(paths):
+    """1,000 processes with 70 KB of argv each made a 310 MiB receipt that took
+    longer to write than exec_timeout() leaves: each argv is cut at 4 KiB
+    (marked), and the receipt stays within 1 MiB, saying what it left out."""
+    script = ("import os, sys, time\n"
+              "big = ['x' * 7000] * 10\n"
+              "for i in range(1000):\n"
+              "    if os.fork() == 0:\n"
+              "        os.execvp('sleep', ['sleep', '300'] + big)\n"
+              "print('READY', flush=True)\n"
+              "time.sleep(300)\n")
+    proc = start_supervisor(*paths.options(cleanup=2, stop=True) + ["--", PY, "-c", script])
+    read_lines_until(proc.stdout, "READY", timeout=60)
+    huge = [b"sleep", b"300"] + [b"x" * 7000] * 10
+    assert wait_until(lambda: len(running(proc.pid, huge)) == 1000, timeout=60)
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    assert status == 124, err
+    size = paths.receipt.stat().st_size
+    receipt = read_receipt(paths.receipt)
+    assert size <= 1 << 20
+    assert receipt["drained_count"] == 1001 and receipt["omitted"]["drained"] > 0
+    assert all(d["command_truncated"] for d in receipt["drained"] if d["command"][0] == "sleep")
+    assert all(len(" ".join(d["command"])) <= 4096 for d in receipt["drained"])
+
+
+# --- An untrusted command cannot suspend the deadline -----------------------------------------------
+
+@needs_root
+def test_a_user_command_that_stops_itself_does_not_stop_the_supervisor(open_dir):
+    """At a terminal, a command that has the terminal and stops (Ctrl-Z, or
+    kill -STOP itself) takes the supervisor along, as a shell would; under
+    --user the supervisor does not follow it: the deadline holds."""
+    from test_unix import read_pty_until, spawn_in_pty
+    argv = supervisor_cmd("--timeout", 1, "--cleanup-timeout", 1, "--workdir", open_dir["work"],
+                          "--receipt", open_dir["receipt"], "--user", "nobody", "--",
+                          "sh", "-c", "echo stopping; kill -STOP $$; sleep 300")
+    proc, master = spawn_in_pty(argv)
+    try:
+        read_pty_until(master, "stopping")
+        assert proc.wait(timeout=60) == 124
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    receipt = read_receipt(open_dir["receipt"])
+    assert receipt["timed_out"] is True and receipt["cleanup_confirmed"] is True
+
+
+# --- A signal flood cannot delay the exit -----------------------------------------------------------
+
+FLOOD = r"""
+import os, signal, sys
+fd = os.pidfd_open(int(sys.argv[1]))
+print("flooding", flush=True)
+while True:  # as fast as it can: the queue fills, and it goes on
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGRTMIN + 5)
+    except ProcessLookupError:
+        break
+    except OSError:
+        pass
+"""
+
+
+@heavy
+def test_a_flood_of_real_time_signals_cannot_delay_the_exit(paths):
+    """A process of the same uid outside the run queues real-time signals at
+    the supervisor as fast as it can, from before the stop to after the
+    supervisor exits. Each would run a handler; once the receipt is decided
+    they are held, so the exit comes within the bound, not when the flood
+    ends."""
+    proc = start_supervisor(*paths.options(timeout=60, cleanup=0.5) + [
+        "--", "sh", "-c", "echo started; exec sleep 300"])
+    read_lines_until(proc.stdout, "started")
+    flooder = spawn([PY, "-c", FLOOD, str(proc.pid)])
+    try:
+        read_lines_until(flooder.stdout, "flooding")
+        started = time.monotonic()
+        status, _, err = finish(proc)
+        elapsed = time.monotonic() - started
+    finally:
+        flooder.wait(timeout=120)  # it ends when the supervisor is gone
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "signal" and receipt["signal"] == "SIGRTMIN+5"
+    assert receipt["cleanup_confirmed"] is True, err
+    assert elapsed <= 3 * 0.5 + 3 + 5, elapsed  # the bound, and start-up's margin
+
+
+# --- What is at the receipt path ----------------------------------------------------------------------
+
+@needs_root
+def test_the_receipt_path_is_never_dev_stdout(paths):
+    """/dev/stdout is a symlink to /proc/self/fd/1: replacing it with a file
+    would break the machine's /dev. Refused, and the link is as it was. (In
+    a private mount namespace, over a /dev of the test's own: a supervisor
+    that got it wrong cannot hurt the host's.)"""
+    check = ('mount -t tmpfs tmpfs /dev && ln -s /proc/self/fd/1 /dev/stdout && '
+             '%s; echo status=$?; readlink /dev/stdout' % " ".join(supervisor_cmd(
+                 "--timeout", 5, "--receipt", "/dev/stdout", "--", "true")))
+    result = run(in_private_mounts(["sh", "-c", check]), cwd="/")
+    assert "status=125" in result.stdout, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == "/proc/self/fd/1"
+    assert result.stderr.count("\n") == 1 and "/proc or /dev" in result.stderr
+
+
+def test_a_symlink_at_the_receipt_path_to_a_fifo_is_refused(paths, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(str(fifo))
+    paths.receipt.parent.mkdir()
+    paths.receipt.symlink_to(fifo)
+    result = run_supervisor(*paths.options() + ["--", "true"])
+    assert result.returncode == 125 and "not a regular file" in result.stderr
+    assert paths.receipt.is_symlink() and os.path.exists(str(fifo))
+
+
+@needs_root
+def test_a_receipt_in_a_bind_mount_of_the_workdir_is_refused(paths, tmp_path):
+    """A container's volumes: a subdirectory of the workdir mounted elsewhere.
+    Walking up (..) from the mount leaves the workdir's tree; where it lies in
+    its filesystem does not."""
+    inside, elsewhere = paths.work / "sub", tmp_path / "volume"
+    inside.mkdir()
+    elsewhere.mkdir()
+    inner = " ".join(supervisor_cmd(*paths.options() + ["--receipt", elsewhere / "receipt.json",
+                                                        "--", "true"]))
+    result = run(in_private_mounts(["sh", "-c", "mount --bind %s %s && exec %s" % (
+        inside, elsewhere, inner)]))
+    assert result.returncode == 125
+    assert "inside the workdir" in result.stderr
+    assert not (inside / "receipt.json").exists()
+
+
+def test_an_empty_command_is_not_found(paths):
+    result = run_supervisor(*paths.options() + ["--", ""])
+    assert result.returncode == 127, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["error"].startswith("cannot run ''") and "ValueError" not in receipt["error"]
+
+
+def test_a_temporary_file_of_a_dead_writer_is_removed_by_the_next_run(paths):
+    """Without O_TMPFILE the receipt is written under a temporary name that
+    names its writer; one left by a writer that died (SIGKILL mid-write) is
+    removed by the next run that writes there. One of a live writer stays."""
+    paths.receipt.parent.mkdir()
+    dead = paths.receipt.parent / ".receipt.json.999999.1-0123.tmp"
+    dead.write_text("{")
+    mine = paths.receipt.parent / (".receipt.json.%d.%d-4567.tmp" % (
+        os.getpid(), int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])))
+    mine.write_text("{")
+    result = run_supervisor(*paths.options() + ["--", "true"])
+    assert result.returncode == 0, result.stderr
+    assert not dead.exists() and mine.exists()
+    mine.unlink()
+
+
+def test_an_earlier_receipt_goes_whatever_the_refusal(paths):
+    """A refusal removes the receipt already at the path, whatever refuses:
+    a bad duration, a bad signal, a receipt inside the workdir."""
+    earlier = json.dumps({"cleanup_confirmed": True})
+    inside = paths.work / "receipt.json"
+    for args, receipt in ((["--timeout", "0"], paths.receipt),
+                          (["-s", "BOGUS", "--timeout", "5"], paths.receipt),
+                          (["--timeout", "5"], inside)):
+        receipt.parent.mkdir(exist_ok=True)
+        receipt.write_text(earlier)
+        result = run_supervisor(*args + ["--workdir", paths.work, "--receipt", receipt,
+                                         "--", "true"])
+        assert result.returncode == 125, (args, result.stderr)
+        assert not receipt.exists(), args
+
+
+def test_what_is_not_a_file_at_the_receipt_path_is_left_and_said(paths):
+    paths.receipt.parent.mkdir()
+    os.mkfifo(str(paths.receipt))
+    result = run_supervisor("--timeout", "0", "--workdir", paths.work, "--receipt",
+                            paths.receipt, "--", "true")
+    assert result.returncode == 125
+    assert "FIFO" in result.stderr and "left alone" in result.stderr
+    assert paths.receipt.exists()
+
+
+@heavy
+def test_after_an_unconfirmed_run_survivors_lists_what_is_alive(paths, tmp_path):
+    """A look cut short said nothing; now a census lists what is alive, with
+    the count beside it. 200 processes frozen by a cgroup v1 freezer survive
+    SIGKILL (state D) until thawed."""
+    freezer = "/sys/fs/cgroup/freezer"
+    if not IS_ROOT or not os.path.isdir(freezer):
+        pytest.skip("needs root and a cgroup v1 freezer")
+    cgroup = os.path.join(freezer, "hostile-test-%d" % os.getpid())
+    os.mkdir(cgroup)
+    script = ("for i in $(seq 200); do setsid sleep 300 & done; echo READY; exec sleep 300")
+    try:
+        proc = start_supervisor(*paths.options(cleanup=0.3, stop=True) + [
+            "--", "sh", "-c", script])
+        read_lines_until(proc.stdout, "READY")
+        assert wait_until(lambda: len(running(proc.pid, [b"sleep", b"300"])) == 201)
+        for pid in running(proc.pid, [b"sleep", b"300"]):
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                f.write(str(pid))
+        with open(os.path.join(cgroup, "freezer.state"), "w") as f:
+            f.write("FROZEN")
+        paths.stop.write_text("")
+        status, _, err = finish(proc)
+        receipt = read_receipt(paths.receipt)
+        assert status == 125
+        assert receipt["survivors_count"] >= 200 and len(receipt["survivors"]) >= 200
+        assert all(s["state"] == "D" for s in receipt["survivors"])
+    finally:
+        with open(os.path.join(cgroup, "freezer.state"), "w") as f:
+            f.write("THAWED")
+        wait_until(lambda: not open(os.path.join(cgroup, "cgroup.procs")).read().strip())
+        os.rmdir(cgroup)
