@@ -153,6 +153,31 @@ STORM = ["tree", "8", "0.002", "4000"]
 STORM_TIMEOUT, STORM_CLEANUP = 1.0, 2.0
 STORM_BOUND = STORM_TIMEOUT + 3 * STORM_CLEANUP + 2.0
 STORM_ABORT = 30.0     # P12: a run still going by then is killed (a miss, and no more runs)
+STORM_DRAIN_LIMIT = 1.0  # P12-cgroup: the receipt's draining step, every run
+# P12's variants, interleaved: (row, containment (None: the default, auto),
+# two busy loops beside it, with CAP_SYS_NICE (else setpriv drops it)).
+STORM_VARIANTS = (
+    ("P12", None, False, True),
+    ("P12-cgroup", "cgroup", False, True),
+    ("P12-cgroup-load", "cgroup", True, True),
+    ("P12-proc", "children", False, True),
+    ("P12-proc-load", "children", True, True),
+    ("P12-nonice-load", "cgroup", True, False),
+)
+BUSY_LOOPS = 2         # P12 "loaded": CPU-bound loops beside the storm
+BUSY_LOOP = "while 1: pass"
+IDLE_RSS_SETTLE = 0.5  # P10c: seconds after the command runs before VmRSS is read
+IDLE_RSS_LIMIT = 4.5   # P10c: supervisor idle RSS - bare idle RSS, MiB
+# P13: a forced stop of many processes in sessions of their own, all ignoring
+# SIGTERM, under the default cleanup timeout (the grace runs out, then SIGKILL).
+MANY_N = 5000
+MANY_CLEANUP = 10.0    # supervisor.py's default --cleanup-timeout; the drain's budget
+MANY_ABORT = 3 * MANY_CLEANUP + 20.0  # stop file -> still running: killed (a miss)
+# P14: a receipt at its cap: ARGV_N sh processes with ARGV_COUNT arguments of
+# ARGV_BYTES each (sh keeps its argv: `sleep 600; :` has work after the sleep).
+ARGV_N, ARGV_COUNT, ARGV_BYTES = 1000, 10, 7000
+RECEIPT_CAP_KIB = 1024.0   # supervisor.py's _RECEIPT_LIMIT, 1 MiB
+RECEIPT_EXIT_LIMIT = 1.0   # receipt ended_at -> the supervisor's exit, s
 
 # --- Helpers written into the temporary directory, run as `PY -I -S file` ----------------
 
@@ -191,6 +216,57 @@ fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 os.write(fd, ("%r %r\n" % (wall, mono)).encode())
 os.close(fd)
 os._exit(0)
+'''
+
+# P13: argv[1] children, each in a session of its own with SIGTERM ignored
+# (kept through the exec), exec argv[2] ("sleep 600"); "READY n" once every
+# child has exec'd: the pipe's write end is close-on-exec, so its read end
+# sees EOF when the last one has. The helper itself obeys SIGTERM.
+SESSIONS_HELPER = r'''
+import os, signal, sys
+def main():
+    n, sleep = int(sys.argv[1]), sys.argv[2]
+    read_end, write_end = os.pipe()  # close-on-exec (PEP 446)
+    for _ in range(n):
+        if os.fork() == 0:
+            try:
+                os.setsid()
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                os.execv(sleep, ["sleep", "600"])
+            finally:
+                os._exit(127)
+    os.close(write_end)
+    os.read(read_end, 1)
+    os.write(1, ("READY %d\n" % n).encode())
+    while True:
+        signal.pause()
+main()
+'''
+
+# P14: argv[1] children `sh -c 'sleep 600; :' x A1..An` (n = argv[2] arguments
+# of argv[3] bytes each; sh is argv[4]) in the helper's group, stdio on
+# /dev/null; "READY n" once every one has exec'd sh (the same pipe as above).
+ARGV_HELPER = r'''
+import os, signal, sys
+def main():
+    n, count, size, sh = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    argv = [sh, "-c", "sleep 600; :", "x"] + ["%02d" % i + "a" * (size - 2) for i in range(count)]
+    null = os.open(os.devnull, os.O_RDWR)
+    read_end, write_end = os.pipe()  # close-on-exec (PEP 446)
+    for _ in range(n):
+        if os.fork() == 0:
+            try:
+                os.dup2(null, 0)
+                os.dup2(null, 1)
+                os.execv(sh, argv)
+            finally:
+                os._exit(127)
+    os.close(write_end)
+    os.read(read_end, 1)
+    os.write(1, ("READY %d\n" % n).encode())
+    while True:
+        signal.pause()
+main()
 '''
 
 # P2b: sleep 0.1 s (so the supervisor is waiting when it exits), write
@@ -234,14 +310,28 @@ def io_syscalls(pid):
     return int(fields["syscr"]) + int(fields["syscw"])
 
 
-def vmhwm_kib(pid):
-    """Peak RSS of pid in KiB, or None once its memory is gone (a zombie)."""
+def status_kib(pid, field):
+    """A KiB field of /proc/PID/status (VmHWM: peak RSS, VmRSS: RSS now), or
+    None once its memory is gone (a zombie)."""
     text = read_text("/proc/%d/status" % pid)
     if text:
         for line in text.splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return None
+
+
+def vmhwm_kib(pid):
+    """Peak RSS of pid in KiB, or None once its memory is gone (a zombie)."""
+    return status_kib(pid, "VmHWM")
+
+
+def start_time(pid):
+    """The start time of pid (field 22 of /proc/PID/stat), or None if gone."""
+    text = read_text("/proc/%d/stat" % pid)
+    if text is None:
+        return None
+    return int(text.rsplit(")", 1)[1].split()[19])
 
 
 def exit_code(status):
@@ -329,8 +419,19 @@ class Bench(object):
         self.rows, self.notes = [], []
         # Figures later rows compare with (P9 with P4, P5 and P8).
         self.results = {"P4": float("nan"), "P5": (float("nan"), float("nan")), "P8": float("nan")}
-        self.keep = set()       # long-lived children (the P9 sleeps): never reaped by sweeps
+        self.keep = set()       # long-lived children (P9 sleeps, P12 loops): never reaped by sweeps
+        self.host_pids = set()  # the P9/P11 sleeps
         self.host_group = None  # pgid of the P9 sleeps (its leader is our unreaped child)
+        self.loop_pids = set()  # the P12 busy loops
+        self.loop_group = None  # their pgid (its leader is our unreaped child)
+        # The environment of every run: SUPERVISOR_CONTAINMENT only where a
+        # row sets it (the scan), never inherited from the caller.
+        self.env = dict((k, v) for k, v in os.environ.items() if k != "SUPERVISOR_CONTAINMENT")
+        self.seen = {}          # tag -> the containments the receipts of its runs gave
+        self.default_containment = None   # what --containment auto chose in the probe
+        self.cgroup_why_not = {}          # in a PID namespace or not -> why no cgroup, or None
+        self.ns_prefix, self.ns_why_not = None, "not probed"   # P12/P13's PID namespace
+        self.setpriv, self.setpriv_why_not = None, "not probed"  # P12-nonice-load's prefix
         self.me = os.getpid()
         self.tmp = tempfile.mkdtemp(prefix="supervisor-bench-")
         self.work = self._mkdir("work")            # the supervisor's --workdir
@@ -339,6 +440,8 @@ class Bench(object):
         self.out = self._mkdir("out")
         self.tree = self._write("tree.py", TREE_HELPER)
         self.sigwait = self._write("sigwait.py", SIGWAIT_HELPER)
+        self.sessions = self._write("sessions.py", SESSIONS_HELPER)
+        self.argv_helper = self._write("argv.py", ARGV_HELPER)
         self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         self.stderr_log = os.path.join(self.tmp, "stderr.log")
         self.stderr_fd = os.open(self.stderr_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND
@@ -361,7 +464,7 @@ class Bench(object):
     def spawn(self, argv, stdout=None, pgroup=None, env=None):
         """posix_spawn argv (argv[0] a path or found on PATH); stdin /dev/null,
         stdout to the fd given or /dev/null, stderr to the bench's log; the
-        bench's environment unless env is given."""
+        bench's environment (without SUPERVISOR_CONTAINMENT) unless env is given."""
         path = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
         actions = [(os.POSIX_SPAWN_DUP2, self.devnull, 0),
                    (os.POSIX_SPAWN_DUP2, self.devnull if stdout is None else stdout, 1),
@@ -369,7 +472,7 @@ class Bench(object):
         kwargs = {"file_actions": actions}
         if pgroup is not None:
             kwargs["setpgroup"] = pgroup
-        return os.posix_spawn(path, argv, os.environ if env is None else env, **kwargs)
+        return os.posix_spawn(path, argv, self.env if env is None else env, **kwargs)
 
     def timed_run(self, argv):
         """Wall seconds of one whole process, and its wait status."""
@@ -396,8 +499,7 @@ class Bench(object):
                 if not pid:
                     break
                 if pid in self.keep:
-                    self.keep.discard(pid)
-                    self.note("a host sleep %d died during %s" % (pid, context))
+                    self.lost(pid, context)
                 else:
                     found += 1
             alive = self.children() - self.keep
@@ -414,6 +516,14 @@ class Bench(object):
             self.note("%s: %d process(es) were left to the bench after the run" % (context, found))
         return found
 
+    def lost(self, pid, context):
+        """A long-lived child died (and was reaped) before the bench ended it."""
+        self.keep.discard(pid)
+        kind = "a P12 busy loop" if pid in self.loop_pids else "a host sleep"
+        self.host_pids.discard(pid)
+        self.loop_pids.discard(pid)
+        self.note("%s %d died during %s" % (kind, pid, context))
+
     def supervisor(self, options, command, receipt=True):
         """argv of one supervisor run, with its own receipt path."""
         self.run_id += 1
@@ -424,8 +534,9 @@ class Bench(object):
             argv += ["--workdir", self.work, "--receipt", path]
         return argv + ["--"] + list(command), path
 
-    def check_receipt(self, path, context, **expected):
-        """Read (and delete) a receipt; note any field that is not as expected."""
+    def check_receipt(self, path, context, tag=None, **expected):
+        """Read (and delete) a receipt; note any field that is not as expected
+        (a tuple: one of those). With tag, its containment is noted under it."""
         try:
             with open(path) as f:
                 receipt = json.load(f)
@@ -435,9 +546,34 @@ class Bench(object):
         os.unlink(path)
         expected.setdefault("cleanup_confirmed", True)
         for key, value in expected.items():
-            if receipt.get(key) != value:
-                self.note("%s: receipt %s = %r, expected %r" % (context, key, receipt.get(key), value))
+            if receipt.get(key) not in (value if isinstance(value, tuple) else (value,)):
+                self.note("%s: receipt %s = %r, expected %s" % (
+                    context, key, receipt.get(key),
+                    " or ".join(map(repr, value)) if isinstance(value, tuple) else repr(value)))
+        if tag is not None:
+            self.seen.setdefault(tag, set()).add(receipt.get("containment"))
         return receipt
+
+    def contained(self, tag):
+        """' [cgroup]': the containment(s) the receipts under tag gave, for a
+        row's text; rows without receipts say what the probe's auto chose."""
+        names = sorted(str(c) for c in self.seen.get(tag, ())) if tag else []
+        if not names:
+            names = [self.default_containment or "?"]
+        return " [%s]" % "+".join(names)
+
+    def containment_env(self, containment):
+        """(supervisor options, environment) for a containment: None the
+        default (auto), "cgroup", "children" (the /proc walk) or "scan" (the
+        walk by full scans: SUPERVISOR_CONTAINMENT=scan)."""
+        if containment is None:
+            return [], None
+        if containment == "cgroup":
+            return ["--containment", "cgroup"], None
+        env = dict(self.env)
+        if containment == "scan":
+            env["SUPERVISOR_CONTAINMENT"] = "scan"
+        return ["--containment", "proc"], env
 
     def note(self, text):
         if text not in self.notes:
@@ -510,8 +646,8 @@ class Bench(object):
             sup_ms, bare_ms = self.wall_pairs(sup, [self.py] + flags + ["-c", "pass"])
             diff = median(sup_ms) - median(bare_ms)
             diffs[row] = diff
-            self.add_row(row, "startup %s-- true, over %s" % (" ".join(flags) + " " if flags else "",
-                                                               bare),
+            self.add_row(row, "startup %s-- true, over %s%s" % (
+                         " ".join(flags) + " " if flags else "", bare, self.contained(None)),
                          sup_ms, "ms", "diff <= %g ms" % limit, diff, limit, yard=bare_ms,
                          extra={"paired_diff_median": median([s - b for s, b in zip(sup_ms, bare_ms)])})
         self.p1_compile_share(diffs)
@@ -555,7 +691,8 @@ class Bench(object):
     def p2_exit(self):
         progress("P2 command exit -> supervisor exit")
         sup = [self.py, SUPERVISOR, "--timeout", "600", "--"]
-        self._p2_row("P2", "exit -> exit: sup -- sleep 0.2 minus -- true minus 200 ms",
+        self._p2_row("P2", "exit -> exit: sup -- sleep 0.2 minus -- true minus 200 ms%s"
+                     % self.contained(None),
                      sup, "diff <= 2 ms", 2.0)
         for name, prefix in reference_tools():
             self._p2_row("P2-ref", "%s sleep 0.2 minus %s true minus 200 ms" % (name, name),
@@ -596,7 +733,8 @@ class Bench(object):
         sup_argv = [self.py, SUPERVISOR, "--timeout", "600", "--"] + command
         sup_ms, bare_ms = self.paired(measure(sup_argv), measure(command), self.pairs)
         diff = median(sup_ms) - median(bare_ms)
-        self.add_row("P2b", "exit -> exit, direct: command's last stamp -> supervisor reaped",
+        self.add_row("P2b", "exit -> exit, direct: command's last stamp -> supervisor reaped%s"
+                     % self.contained(None),
                      sup_ms, "ms", "diff <= 2 ms (alt. method)", diff, 2.0, yard=bare_ms,
                      extra={"yardstick_note": "the same command run by the bench"})
 
@@ -611,7 +749,8 @@ class Bench(object):
                 ["--timeout", str(P3_TIMEOUT)], [self.py, "-I", "-S", self.sigwait, stamp])
             pid = self.spawn(argv)
             os.waitpid(pid, 0)
-            receipt = self.check_receipt(receipt_path, "P3", stop_reason="timeout")
+            receipt = self.check_receipt(receipt_path, "P3", tag="P3", stop_reason="timeout",
+                                         exit_status=124)
             arrival = read_text(stamp)
             self.sweep("P3")
             if receipt is None or arrival is None:
@@ -623,7 +762,8 @@ class Bench(object):
                 latencies.append((float(arrival.split()[0]) - deadline) * 1000)
                 if receipt.get("ladder"):  # when its loop woke up, by its own clock
                     woke.append((receipt["ladder"][0]["start_s"] - P3_TIMEOUT) * 1000)
-        self.add_row("P3", "deadline -> first SIGTERM (arrival)", latencies, "ms",
+        self.add_row("P3", "deadline -> first SIGTERM (arrival)%s" % self.contained("P3"),
+                     latencies, "ms",
                      "median <= 2 ms", median(latencies), 2.0, yard_median=0.0,
                      extra={"yardstick_note": "the deadline: receipt started_at + %g s" % P3_TIMEOUT,
                             "wake_late_ms_median": median(woke),
@@ -655,7 +795,8 @@ class Bench(object):
                 if write_end is not None:
                     os.close(write_end)
             os.unlink(stop)
-            self.check_receipt(receipt_path, context, stop_reason="stop_file")
+            self.check_receipt(receipt_path, context, tag=context, stop_reason="stop_file",
+                               exit_status=124)
             arrival = read_text(stamp)
             self.sweep(context)
             if arrival is None:
@@ -674,12 +815,14 @@ class Bench(object):
         local = fstype not in ("nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "fuse", "afs") \
             and not fstype.startswith("fuse")
         limit = 5.0 if local else 100.0
-        self.add_row("P4", "stop file -> first SIGTERM (%s, %s)" % (fstype, "local" if local else "remote"),
+        self.add_row("P4", "stop file -> first SIGTERM (%s, %s)%s" % (
+                         fstype, "local" if local else "remote", self.contained("P4")),
                      latencies, "ms", "median <= %g ms" % limit, median(latencies), limit,
                      yard_median=0.0, extra={"filesystem": fstype, "stop_dir": self.stops,
                                              "yardstick_note": "the stop file's creation time"})
         self.results["P4"] = median(latencies)
-        self.add_row("P4b", "stop file -> supervisor exit (the helper exits at SIGTERM)", exits,
+        self.add_row("P4b", "stop file -> supervisor exit (the helper exits at SIGTERM)%s"
+                     % self.contained("P4"), exits,
                      "ms", "info", None, yard_median=0.0,
                      extra={"yardstick_note": "the stop file's creation time"})
 
@@ -735,7 +878,8 @@ class Bench(object):
     def p5_idle(self):
         progress("P5 idle CPU (%d supervisors, %g s window)" % (self.idle_count, self.window))
         sup, bare, sup_calls, bare_calls = self.idle_cpu(self.idle_count, "P5")
-        self.add_row("P5", "idle CPU: -- sleep 60, deadline + stop file", sup, "ms/min",
+        self.add_row("P5", "idle CPU: -- sleep 60, deadline + stop file%s" % self.contained(None),
+                     sup, "ms/min",
                      "median <= 10 ms/min", median(sup), 10.0, yard=bare,
                      extra={"syscalls_per_min_median": median(sup_calls),
                             "yardstick_syscalls_per_min_median": median(bare_calls),
@@ -745,21 +889,21 @@ class Bench(object):
 
     # P6 / P7 / P8 -----------------------------------------------------------------------------
 
-    def drain_supervised(self, n, mode, prefix=None, containment=None, label="P6/P7"):
+    def drain_supervised(self, n, mode, prefix=None, containment=None, label="P6/P7", tag=None):
         """One forced stop under the supervisor (or, with prefix, under a
         reference tool): (ms from SIGTERM to its exit, its CPU ms meanwhile,
         ms from SIGTERM to the receipt's ended_at, i.e. supervise() returning,
         before the receipt is written and the interpreter exits). With
-        containment ("children" or "scan"), SUPERVISOR_CONTAINMENT is unset
-        or set to scan for the supervisor, and its receipt must say so."""
-        env, expected = None, {}
-        if containment is not None:
-            env = dict((k, v) for k, v in os.environ.items() if k != "SUPERVISOR_CONTAINMENT")
-            if containment == "scan":
-                env["SUPERVISOR_CONTAINMENT"] = "scan"
-            expected["containment"] = containment
+        containment ("cgroup", "children" or "scan", see containment_env)
+        the supervisor is told which, and its receipt must say so; without,
+        the default, whose receipt's containment is noted under tag."""
+        options, env = self.containment_env(containment)
+        expected = {} if containment is None else {"containment": containment}
+        # drain-all: SIGTERM to every process; one that ignores it is SIGKILLed,
+        # the command too, and then the exit status says so (as timeout(1)).
+        status_wanted = 128 + (signal.SIGKILL if mode == "ignore" else signal.SIGTERM)
         if prefix is None:
-            options = ["--timeout", "600"] + (["--cleanup-timeout", str(GRACE)] if mode == "ignore" else [])
+            options += ["--timeout", "600"] + (["--cleanup-timeout", str(GRACE)] if mode == "ignore" else [])
             argv, receipt_path = self.supervisor(options, [self.py, "-I", "-S", self.tree, str(n), mode])
         else:
             argv, receipt_path = prefix + [self.py, "-I", "-S", self.tree, str(n), mode], None
@@ -784,12 +928,14 @@ class Bench(object):
                                    "" if containment is None else " " + containment)
         returned = float("nan")
         if receipt_path is not None:
-            receipt = self.check_receipt(receipt_path, label + " " + context, stop_reason="signal",
-                                         exit_status=128 + signal.SIGTERM, **expected)
+            receipt = self.check_receipt(receipt_path, label + " " + context, tag=tag,
+                                         stop_reason="signal", exit_status=status_wanted,
+                                         **expected)
             if receipt is not None:
                 returned = (parse_utc(receipt["ended_at"]) - wall0) * 1000
-            if exit_code(status) != 128 + signal.SIGTERM:
-                self.note("%s: supervisor exited %d" % (context, exit_code(status)))
+            if exit_code(status) != status_wanted:
+                self.note("%s: supervisor exited %d, expected %d"
+                          % (context, exit_code(status), status_wanted))
         self.sweep(context, expected=prefix is not None)
         return elapsed * 1000, cpu / 1e6, returned
 
@@ -812,8 +958,7 @@ class Bench(object):
             while reaped < n:
                 child, _ = os.waitpid(-1, 0)
                 if child in self.keep:
-                    self.keep.discard(child)
-                    self.note("a host sleep %d died during the yardstick" % child)
+                    self.lost(child, "the yardstick")
                 else:
                     reaped += 1
             elapsed = time.perf_counter() - t0
@@ -833,7 +978,7 @@ class Bench(object):
                 cpus, returns = [], []
 
                 def measured():
-                    ms, cpu, returned = self.drain_supervised(n, mode)
+                    ms, cpu, returned = self.drain_supervised(n, mode, tag=row)
                     cpus.append(cpu)
                     returns.append(returned)
                     return ms
@@ -845,18 +990,22 @@ class Bench(object):
                          "to_supervise_return_ms_median": median(returns),
                          "to_supervise_return_note": "SIGTERM -> receipt ended_at (wall clock): "
                                                      "the drain without receipt I/O and exit"}
+                extra["containment"] = sorted(str(c) for c in self.seen.get(row, ()))
                 if mode == "obey":
-                    self.add_row(row, "forced stop, %d obey SIGTERM: SIGTERM -> exit" % n,
+                    self.add_row(row, "forced stop, %d obey SIGTERM: SIGTERM -> exit%s"
+                                 % (n, self.contained(row)),
                                  sup_ms, "ms", "median <= %g ms" % limit, median(sup_ms), limit,
                                  yard=floor_ms, extra=extra)
                 else:
-                    self.add_row(row, "forced stop, %d ignore SIGTERM (grace %g s)" % (n, GRACE),
+                    self.add_row(row, "forced stop, %d ignore SIGTERM (grace %g s)%s"
+                                 % (n, GRACE, self.contained(row)),
                                  sup_ms, "ms", "median-grace <= %g ms" % limit,
                                  median(sup_ms) - GRACE * 1000, limit, yard=floor_ms,
                                  extra=dict(extra, median_minus_grace=median(sup_ms) - GRACE * 1000))
                 if mode == "obey" and n == 1000:
-                    self.add_row("P8", "CPU of a 1000-process drain (SIGTERM -> exit)", cpus,
-                                 "ms CPU", "median <= 100 ms", median(cpus), 100.0)
+                    self.add_row("P8", "CPU of a 1000-process drain (SIGTERM -> exit)%s"
+                                 % self.contained(row), cpus, "ms CPU", "median <= 100 ms",
+                                 median(cpus), 100.0, extra={"containment": extra["containment"]})
                     self.results["P8"] = median(cpus)
         for name, prefix in reference_tools():
             for n in sorted(targets):
@@ -874,12 +1023,15 @@ class Bench(object):
         sleep = shutil.which("sleep")
         leader = self.spawn([sleep, "600"], pgroup=0)
         self.keep.add(leader)
+        self.host_pids.add(leader)
         self.host_group = leader
         for _ in range(BUSY_HOST - 1):
-            self.keep.add(self.spawn([sleep, "600"], pgroup=leader))
+            pid = self.spawn([sleep, "600"], pgroup=leader)
+            self.keep.add(pid)
+            self.host_pids.add(pid)
         deadline = time.monotonic() + 60
         while True:  # all exec'd and asleep
-            states = [read_text("/proc/%d/stat" % pid) or "" for pid in list(self.keep)[::50]]
+            states = [read_text("/proc/%d/stat" % pid) or "" for pid in list(self.host_pids)[::50]]
             if all(") S " in s for s in states):
                 break
             if time.monotonic() > deadline:
@@ -893,13 +1045,42 @@ class Bench(object):
             os.killpg(self.host_group, signal.SIGKILL)  # its leader is still our unreaped child
         except ProcessLookupError:
             pass
-        for pid in list(self.keep):
+        for pid in list(self.host_pids):
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
             self.keep.discard(pid)
+            self.host_pids.discard(pid)
         self.host_group = None
+
+    def start_loops(self):
+        """P12 loaded: BUSY_LOOPS CPU-bound `PY -c "while 1: pass"` in a new
+        process group of their own, beside the run (not in it)."""
+        leader = self.spawn([self.py, "-c", BUSY_LOOP], pgroup=0)
+        self.keep.add(leader)
+        self.loop_pids.add(leader)
+        self.loop_group = leader
+        for _ in range(BUSY_LOOPS - 1):
+            pid = self.spawn([self.py, "-c", BUSY_LOOP], pgroup=leader)
+            self.keep.add(pid)
+            self.loop_pids.add(pid)
+
+    def stop_loops(self):
+        if self.loop_group is None:
+            return
+        try:
+            os.killpg(self.loop_group, signal.SIGKILL)  # its leader is still our unreaped child
+        except ProcessLookupError:
+            pass
+        for pid in list(self.loop_pids):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            self.keep.discard(pid)
+            self.loop_pids.discard(pid)
+        self.loop_group = None
 
     def p9_busy_host(self):
         self.start_busy_host()
@@ -916,7 +1097,8 @@ class Bench(object):
             # ~45 ms, so within 2x or +5 ms/min still rules out even one a minute.
             unchanged = (median(sup_calls) <= quiet_calls * 1.1 + 1
                          and (ratio <= 2 or median(sup) - quiet_cpu <= 5.0))
-            self.add_row("P9a", "idle CPU with %d processes on the host" % processes, sup,
+            self.add_row("P9a", "idle CPU with %d processes on the host%s"
+                         % (processes, self.contained(None)), sup,
                          "ms/min", "syscalls +<=10%, CPU x<=2 or +<=5", ratio, None,
                          yard_median=quiet_cpu, diff=ratio, diff_text="ratio", passed=unchanged,
                          extra={"ratio": ratio, "syscalls_per_min_median": median(sup_calls),
@@ -925,17 +1107,20 @@ class Bench(object):
                                 "host_processes": processes,
                                 "yardstick_note": "P5's supervisors on the quiet host, same run"})
             progress("P9 drain CPU with %d processes, %d runs" % (processes, self.pairs_big))
-            runs = [self.drain_supervised(1000, "obey") for _ in range(self.pairs_big + 1)][1:]
+            runs = [self.drain_supervised(1000, "obey", tag="P9b")
+                    for _ in range(self.pairs_big + 1)][1:]
             cpus, walls = [r[1] for r in runs], [r[0] for r in runs]
             ratio = median(cpus) / self.results["P8"]
-            self.add_row("P9b", "drain CPU, 1000 processes, %d on the host" % processes, cpus,
+            self.add_row("P9b", "drain CPU, 1000 processes, %d on the host%s"
+                         % (processes, self.contained("P9b")), cpus,
                          "ms CPU", "ratio to P8 <= 2", ratio, 2.0, yard_median=self.results["P8"],
                          diff=ratio, diff_text="ratio",
                          extra={"wall_ms": [round(w, 4) for w in walls], "wall_ms_median": median(walls),
                                 "host_processes": processes})
             progress("P9c stop file latency with %d processes" % processes)
             latencies, _ = self.stop_file_latencies(max(5, self.pairs // 3), "P9c")
-            self.add_row("P9c", "stop file -> SIGTERM with %d processes (info)" % processes,
+            self.add_row("P9c", "stop file -> SIGTERM with %d processes (info)%s"
+                         % (processes, self.contained("P9c")),
                          latencies, "ms", "info (P4: <= 5 ms)", None,
                          yard_median=self.results["P4"], diff_text="vs quiet P4",
                          extra={"yardstick_note": "P4 on the quiet host, same run"})
@@ -983,7 +1168,7 @@ class Bench(object):
             os.close(read_end)
             if write_end is not None:
                 os.close(write_end)
-        self.check_receipt(receipt_path, "P10", stop_reason="signal")
+        self.check_receipt(receipt_path, "P10", tag="P10b", stop_reason="signal")
         self.sweep("P10")
         return peak
 
@@ -996,22 +1181,80 @@ class Bench(object):
         for key, what in (("small", "peak RSS, -- sleep 0.5"), ("big", "peak RSS, 1000-process drain")):
             values = [t[key] / mib for t in triples]
             diff = median(values) - median(bare)
-            self.add_row("P10" + ("a" if key == "small" else "b"), what + ", over bare PY", values,
+            self.add_row("P10" + ("a" if key == "small" else "b"), what + ", over bare PY%s"
+                         % self.contained("P10b" if key == "big" else None), values,
                          "MiB", "diff <= 5 MiB", diff, 5.0, yard=bare,
                          extra={"yardstick_note": "VmHWM of PY -c 'import time; time.sleep(1)'"})
+        self.p10_idle_rss()
+
+    def idle_rss_pair(self, supervisor_first):
+        """P10c, one pair: the supervisor's `-- sleep 60` and the bare
+        interpreter started side by side (in the given order); VmRSS of each
+        (KiB) IDLE_RSS_SETTLE s after the supervisor's command runs."""
+        sup_argv = self.supervisor(["--timeout", "600"], ["sleep", "60"], receipt=False)[0]
+        bare_argv = [self.py, "-c", "import time; time.sleep(60)"]
+        pids = {}
+        try:
+            for key, argv in ((("sup", sup_argv), ("bare", bare_argv)) if supervisor_first
+                              else (("bare", bare_argv), ("sup", sup_argv))):
+                pids[key] = self.spawn(argv)
+            sup = pids["sup"]
+            deadline = time.monotonic() + READY_TIMEOUT
+            while not read_text("/proc/%d/task/%d/children" % (sup, sup)):
+                if has_exited(sup) or time.monotonic() > deadline:
+                    raise BenchError("P10c: the supervisor did not start its command")
+                time.sleep(0.005)
+            time.sleep(IDLE_RSS_SETTLE)
+            rss = dict((key, status_kib(pid, "VmRSS")) for key, pid in pids.items())
+        finally:
+            for key, pid in pids.items():
+                try:
+                    os.kill(pid, signal.SIGTERM)  # our unreaped child; the supervisor drains
+                except ProcessLookupError:
+                    pass
+            for key, pid in pids.items():
+                _, status = os.waitpid(pid, 0)
+                if key == "sup" and exit_code(status) != 128 + signal.SIGTERM:
+                    self.note("P10c: a supervisor exited %d at SIGTERM, expected %d"
+                              % (exit_code(status), 128 + signal.SIGTERM))
+            self.sweep("P10c")
+        if None in rss.values():
+            raise BenchError("P10c: no VmRSS in /proc/PID/status")
+        return rss["sup"], rss["bare"]
+
+    def p10_idle_rss(self):
+        count = max(self.pairs_big, self.pairs // 2)
+        progress("P10c idle RSS, %d pairs" % count)
+        # One warm-up pair dropped; which side starts first alternates.
+        pairs = [self.idle_rss_pair(i % 2 == 0) for i in range(count + 1)][1:]
+        mib = 1024.0
+        sup, bare = [p[0] / mib for p in pairs], [p[1] / mib for p in pairs]
+        diff = median(sup) - median(bare)
+        self.add_row("P10c", "idle RSS, -- sleep 60 (VmRSS %g s after the command runs), "
+                     "over bare PY%s" % (IDLE_RSS_SETTLE, self.contained(None)), sup, "MiB",
+                     "diff <= %g MiB" % IDLE_RSS_LIMIT, diff, IDLE_RSS_LIMIT, yard=bare,
+                     extra={"per_pair_diff_mib": [round(a - b, 4) for a, b in zip(sup, bare)],
+                            "settle_s": IDLE_RSS_SETTLE,
+                            "yardstick_note": "VmRSS of PY -c 'import time; time.sleep(60)' "
+                                              "started beside it, read at the same moment"})
 
     # P11 --------------------------------------------------------------------------------------
 
     def p11_crowded_host(self):
         """The P6 N=100 stop on the quiet and on the crowded host, in blocks
         ordered ABBA (quiet, crowded | crowded, quiet | ...) so the 5,000
-        sleeps start and stop once per two blocks; inside a block the walk
-        and the scan alternate, and each block drops its first run of each."""
+        sleeps start and stop once per two blocks; inside a block the
+        containments (cgroup, the walk, the scan) take turns, each going
+        first in turn, and each block drops its first run of each."""
         rounds = 2 if self.quick else 6
         per_block = max(1, -(-self.pairs // rounds))  # ceil(pairs / rounds)
-        progress("P11 forced stop N=%d, quiet vs %d more processes: %d blocks of %d runs each"
-                 % (CROWD_N, BUSY_HOST, 2 * rounds, per_block))
         kinds = ("children", "scan")
+        if self.cgroup_why_not.get(False) is None:
+            kinds = ("cgroup",) + kinds
+        else:
+            self.note("P11: no cgroup rows: %s" % self.cgroup_why_not[False])
+        progress("P11 forced stop N=%d, quiet vs %d more processes: %d blocks of %d runs each "
+                 "of %s" % (CROWD_N, BUSY_HOST, 2 * rounds, per_block, ", ".join(kinds)))
         series = dict(((crowded, kind), {"ms": [], "cpu": []})
                       for crowded in (False, True) for kind in kinds)
         processes = {False: [], True: []}
@@ -1024,7 +1267,7 @@ class Bench(object):
                         self.stop_busy_host()
                     processes[crowded].append(sum(1 for name in os.listdir("/proc") if name.isdigit()))
                     for i in range(per_block + 1):
-                        for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                        for kind in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:
                             ms, cpu, _ = self.drain_supervised(CROWD_N, "obey", containment=kind,
                                                                label="P11")
                             if i:  # the block's first run of each kind warms up
@@ -1034,23 +1277,87 @@ class Bench(object):
             self.stop_busy_host()
         quiet, crowd = median(processes[False]), median(processes[True])
         for kind in kinds:
-            suffix, walk = ("", True) if kind == "children" else ("-scan", False)
+            suffix, checked, name = {"children": ("", True, "walk (children)"),
+                                     "cgroup": ("-cgroup", True, "cgroup"),
+                                     "scan": ("-scan", False, "scan (info)")}[kind]
             for key, letter, unit, what in (("cpu", "a", "ms CPU", "CPU of a %d-process stop"),
                                             ("ms", "b", "ms", "SIGTERM -> exit, %d processes")):
                 calm, busy = series[False, kind][key], series[True, kind][key]
                 ratio = median(busy) / median(calm) if median(calm) else float("inf")
                 self.add_row("P11" + letter + suffix,
-                             "%s, %s: %d vs %d on the host" % (
-                                 what % CROWD_N, "walk" if walk else "scan (info)", crowd, quiet),
-                             busy, unit, "crowded/quiet <= %g" % CROWD_LIMIT if walk
+                             "%s, %s: %d vs %d on the host" % (what % CROWD_N, name, crowd, quiet),
+                             busy, unit, "crowded/quiet <= %g" % CROWD_LIMIT if checked
                              else "info (walk: <= %g)" % CROWD_LIMIT,
-                             ratio if walk else None, CROWD_LIMIT if walk else None,
+                             ratio if checked else None, CROWD_LIMIT if checked else None,
                              yard=calm, diff=ratio, diff_text="ratio",
                              extra={"ratio": ratio, "containment": kind,
                                     "host_processes_quiet": quiet, "host_processes_crowded": crowd,
                                     "blocks": 2 * rounds, "runs_per_block": per_block,
                                     "yardstick_note": "the same stop on the quiet host, "
                                                       "interleaved in blocks"})
+
+    # Probes -----------------------------------------------------------------------------------
+
+    def probe(self, argv, env=None):
+        """Run argv to its end (60 s at most); (exit code, last stderr line)."""
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, env=self.env if env is None else env,
+                                  timeout=60)
+        except subprocess.TimeoutExpired:
+            return None, "did not end within 60 s"
+        lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return done.returncode, lines[-1] if lines else ""
+
+    def probe_containments(self):
+        """Where the storms and P13 run (a PID namespace of their own when
+        root); what --containment auto chooses here (said by the rows
+        without a receipt); whether --containment cgroup works, on the host
+        and in that namespace; whether setpriv can take CAP_SYS_NICE away."""
+        self.ns_prefix, self.ns_why_not = self.pid_namespace()
+        argv, path = self.supervisor(["--timeout", "600"], ["true"])
+        code, why = self.probe(argv)
+        receipt = self.check_receipt(path, "probe (--containment auto)", exit_status=0) \
+            if code is not None else None
+        self.default_containment = receipt.get("containment") if receipt else None
+        if receipt is None:
+            self.note("probe: `supervisor.py --timeout 600 -- true` exited %s (%s)" % (code, why))
+        places = [(False, [])] + ([(True, self.ns_prefix)] if self.ns_prefix else [])
+        for inside, prefix in places:
+            argv, path = self.supervisor(["--containment", "cgroup", "--timeout", "600"], ["true"])
+            code, why = self.probe(prefix + argv)
+            receipt = None
+            if code == 0:
+                receipt = self.check_receipt(path, "probe (--containment cgroup)",
+                                             exit_status=0, containment="cgroup")
+            elif os.path.exists(path):
+                os.unlink(path)
+            if receipt is not None and receipt.get("containment") == "cgroup":
+                self.cgroup_why_not[inside] = None
+            else:
+                self.cgroup_why_not[inside] = "--containment cgroup exited %s%s (%s)" % (
+                    code, " in a PID namespace" if inside else "", why)
+        progress("probe: --containment auto chose %s; cgroup %s on the host%s" % (
+            self.default_containment,
+            "works" if self.cgroup_why_not[False] is None else "does not work",
+            "" if not self.ns_prefix else ", %s in a PID namespace" % (
+                "works" if self.cgroup_why_not[True] is None else "does not work")))
+        self.setpriv, self.setpriv_why_not = None, None
+        setpriv = shutil.which("setpriv")
+        if os.geteuid() != 0:
+            self.setpriv_why_not = "not root (CAP_SYS_NICE is not ours to drop)"
+        elif setpriv is None:
+            self.setpriv_why_not = "no setpriv on PATH"
+        else:
+            without = [setpriv, "--bounding-set", "-sys_nice", "--inh-caps", "-sys_nice"]
+            code, why = self.probe((self.ns_prefix or []) + without + [
+                self.py, "-c", "import os; os.setpriority(os.PRIO_PROCESS, 0, -20)"])
+            if code == 0:
+                self.setpriv_why_not = "setpriv did not take CAP_SYS_NICE away (nice -20 allowed)"
+            elif "PermissionError" not in why:
+                self.setpriv_why_not = "setpriv failed here (exit %s: %s)" % (code, why)
+            else:
+                self.setpriv = without
 
     # P12 --------------------------------------------------------------------------------------
 
@@ -1068,93 +1375,375 @@ class Bench(object):
             return None, "unshare --pid failed here (exit %d)" % exit_code(status)
         return prefix, None
 
-    def storm_run(self, prefix, i):
-        """One storm under the supervisor (inside prefix, when given): its
-        receipt (None if unreadable), the bench's wall seconds (to ~10 ms),
+    def storm_run(self, row, i, containment, loaded, before=()):
+        """One storm under the supervisor (in the PID namespace, when there is
+        one; `before`: argv in front of the supervisor, such as setpriv),
+        with BUSY_LOOPS busy loops beside it when loaded: its receipt (None if
+        unreadable), the bench's wall seconds (to ~10 ms), the exit status,
         its READY line, and whether it had to be killed at STORM_ABORT."""
+        prefix = self.ns_prefix
+        options, env = self.containment_env(containment)
         argv, receipt_path = self.supervisor(
-            ["--timeout", "%g" % STORM_TIMEOUT, "--cleanup-timeout", "%g" % STORM_CLEANUP],
+            options + ["--timeout", "%g" % STORM_TIMEOUT, "--cleanup-timeout", "%g" % STORM_CLEANUP],
             [self.py, RESPAWNER] + STORM)
-        ready_path = os.path.join(self.out, "p12-%d" % i)
+        context = "%s run %d" % (row, i)
+        ready_path = os.path.join(self.out, "p12-%d" % self.run_id)
         fd = os.open(ready_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            t0 = time.perf_counter()
-            pid = self.spawn((prefix or []) + argv, stdout=fd)
-        finally:
-            os.close(fd)
         aborted = False
-        while not has_exited(pid):  # polled: a storm that wins must not hang the bench
-            if time.perf_counter() - t0 > STORM_ABORT:
-                # Our unreaped child (unshare or the supervisor). In a namespace
-                # its PID 1, the supervisor, comes to us and the sweep kills it.
-                os.kill(pid, signal.SIGKILL)
-                aborted = True
-                self.note("P12 run %d: still running after %g s; killed" % (i, STORM_ABORT))
-                break
-            time.sleep(0.01)
-        _, status = os.waitpid(pid, 0)
-        wall = time.perf_counter() - t0
-        # Without a namespace the storm's leftovers are ours now: reap them, and
-        # kill by pid what is still alive after the grace (noted: a failed drain).
-        self.sweep("P12 run %d" % i, expected=aborted)
-        receipt = self.check_receipt(receipt_path, "P12 run %d" % i, stop_reason="timeout",
-                                     exit_status=124)
-        if exit_code(status) != 124 and not aborted:
-            self.note("P12 run %d: %s exited %d, expected 124"
-                      % (i, "unshare" if prefix else "the supervisor", exit_code(status)))
+        try:
+            if loaded:
+                self.start_loops()
+            try:
+                t0 = time.perf_counter()
+                pid = self.spawn((prefix or []) + list(before) + argv, stdout=fd, env=env)
+            finally:
+                os.close(fd)
+            while not has_exited(pid):  # polled: a storm that wins must not hang the bench
+                if time.perf_counter() - t0 > STORM_ABORT:
+                    # Our unreaped child (unshare or the supervisor). In a namespace
+                    # its PID 1, the supervisor, comes to us and the sweep kills it.
+                    os.kill(pid, signal.SIGKILL)
+                    aborted = True
+                    self.note("%s: still running after %g s; killed" % (context, STORM_ABORT))
+                    break
+                time.sleep(0.01)
+            _, status = os.waitpid(pid, 0)
+            wall = time.perf_counter() - t0
+            # Without a namespace the storm's leftovers are ours now: reap them, and
+            # kill by pid what is still alive after the grace (noted: a failed drain).
+            self.sweep(context, expected=aborted)
+        finally:
+            self.stop_loops()
+        # The storm's root ignores SIGTERM once READY: then the stop SIGKILLs
+        # the command (137); before (a deadline that comes first) it is 124.
+        expected = {"stop_reason": "timeout", "exit_status": (124, 137)}
+        if containment is not None:
+            expected["containment"] = containment
+        if containment == "children":  # a race for the CPU: the row counts the confirmed
+            expected.update(cleanup_confirmed=(True, False), exit_status=(124, 137, 125))
+        receipt = self.check_receipt(receipt_path, context, tag=row, **expected)
+        code = exit_code(status)
+        if code not in expected["exit_status"] and not aborted:
+            self.note("%s: %s exited %d, expected %s" % (
+                context, "unshare" if prefix else "the supervisor", code,
+                " or ".join(map(str, expected["exit_status"]))))
         ready = (read_text(ready_path) or "").strip()
         os.unlink(ready_path)
-        return receipt, wall, ready, aborted
+        return {"receipt": receipt, "wall": wall, "exit": code, "ready": ready, "aborted": aborted}
 
     def p12_storm(self):
         if not os.path.exists(RESPAWNER):
-            self.note("P12: %s not found; no storm row" % RESPAWNER)
+            self.note("P12: %s not found; no storm rows" % RESPAWNER)
             return
-        prefix, why_not = self.pid_namespace()
+        inside = self.ns_prefix is not None
         count = max(1, min(self.pairs_big, 3 if self.quick else 5))
-        where = "own PID namespace" if prefix else "no PID namespace: " + why_not
-        progress("P12 storm, %d runs (%s)" % (count, where))
-        durations, drains, walls, confirmed, steps, ready = [], [], [], 0, {}, set()
+        variants = []
+        for row, containment, loaded, nice in STORM_VARIANTS:
+            if containment == "cgroup" and self.cgroup_why_not.get(inside):
+                self.note("%s: skipped: %s" % (row, self.cgroup_why_not[inside]))
+            elif not nice and self.setpriv is None:
+                self.note("%s: skipped: %s" % (row, self.setpriv_why_not))
+            else:
+                variants.append((row, containment, loaded, nice))
+        where = "own PID namespace" if inside else "no PID namespace: " + self.ns_why_not
+        progress("P12 storm: %d variants x %d runs, interleaved (%s)" % (len(variants), count, where))
+        runs = dict((v[0], []) for v in variants)
         for i in range(count):
-            receipt, wall, line, aborted = self.storm_run(prefix, i)
-            walls.append(wall)
-            ready.add(line)
-            if aborted:
-                break  # a miss already; the rest would cost STORM_ABORT each
-            if receipt is None:
-                continue
-            confirmed += receipt.get("cleanup_confirmed") is True
-            durations.append(receipt["duration_s"])
-            for step in receipt.get("ladder") or []:
+            for row, containment, loaded, nice in variants[i % len(variants):] + variants[:i % len(variants)]:
+                if runs[row] and runs[row][-1]["aborted"]:
+                    continue  # a miss already; the rest would cost STORM_ABORT each
+                runs[row].append(self.storm_run(row, i, containment, loaded,
+                                                () if nice else self.setpriv))
+        summaries = dict((row, self.storm_summary(row, runs[row], count)) for row in runs)
+        for row, containment, loaded, nice in variants:
+            self.storm_rows(row, containment, loaded, nice, summaries, count)
+
+    def storm_summary(self, row, runs, count):
+        """The figures of one variant's runs (the JSON's, and the rows')."""
+        receipts = [r["receipt"] for r in runs if r["receipt"] is not None]
+        durations = [rc["duration_s"] for rc in receipts]
+        drains, steps = [], {}
+        for k, rc in enumerate(receipts):
+            for step in rc.get("ladder") or []:
                 steps.setdefault(step["step"], []).append(step["duration_s"])
-            draining = [s["duration_s"] for s in receipt.get("ladder") or [] if s["step"] == "draining"]
+            draining = [s["duration_s"] for s in rc.get("ladder") or [] if s["step"] == "draining"]
             if draining:
                 drains.append(draining[0])
             else:
-                self.note("P12 run %d: no draining step in the receipt's ladder" % i)
-        if ready != set(["READY 255"]):
-            self.note("P12: the storm said %s, expected READY 255" % sorted(ready))
-        # A run without a receipt has no duration: it fails the check, and the
-        # figures are over the runs that have one.
-        worst = max(durations) if len(durations) == count else float("nan")
-        passed = confirmed == count and worst <= STORM_BOUND  # nan compares False
-        durations, drains = durations or [float("nan")], drains or [float("nan")]
-        what = "storm, 255 in own sessions, leaves respawn every 2 ms (%s)" % (
-            "own PID namespace" if prefix else "no PID namespace")
-        extra = {"runs": len(walls), "runs_planned": count, "confirmed_runs": confirmed,
-                 "pid_namespace": prefix is not None,
-                 "pid_namespace_note": why_not, "bound_s": STORM_BOUND, "duration_s_max": worst,
-                 "duration_s_median": median(durations), "draining_s_median": median(drains),
-                 "wall_s": [round(w, 4) for w in walls], "wall_s_median": median(walls),
-                 "step_duration_s_medians": dict((k, median(v)) for k, v in steps.items()),
-                 "command": "PY %s %s" % (RESPAWNER, " ".join(STORM)),
-                 "options": "--timeout %g --cleanup-timeout %g" % (STORM_TIMEOUT, STORM_CLEANUP)}
-        self.add_row("P12", what + ": duration_s", durations, "s",
-                     "%d/%d confirmed, max <= %g s" % (confirmed, count, STORM_BOUND), worst,
-                     STORM_BOUND, passed=passed, extra=extra)
-        self.add_row("P12-drain", "storm: the receipt's draining step (info)", drains, "s",
-                     "info", None, extra={"runs": len(walls), "confirmed_runs": confirmed,
-                                          "pid_namespace": prefix is not None})
+                self.note("%s: a run without a draining step in the receipt's ladder" % row)
+        lines = [r["ready"] for r in runs]
+        if set(lines) - set(["READY 255", ""]):
+            self.note("%s: the storm said %s, expected READY 255" % (row, sorted(set(lines))))
+        early = lines.count("")
+        if early:
+            self.note("%s: %d of %d runs reached the deadline before the storm was READY "
+                      "(it was still growing; its root still obeyed SIGTERM)" % (row, early, len(runs)))
+        # A run without a receipt has no figures: it fails a check (the max is
+        # then nan), and the figures are over the runs that have one.
+        whole = len(receipts) == count
+        return {"runs": len(runs), "runs_planned": count,
+                "confirmed_runs": sum(rc.get("cleanup_confirmed") is True for rc in receipts),
+                "ready_runs": lines.count("READY 255"),
+                "exit_statuses": [r["exit"] for r in runs],
+                "duration_s": durations, "duration_s_median": median(durations),
+                "duration_s_max": max(durations) if whole else float("nan"),
+                "draining_s": drains, "draining_s_median": median(drains),
+                "draining_s_max": max(drains) if whole and len(drains) == count else float("nan"),
+                "wall_s": [round(r["wall"], 4) for r in runs],
+                "wall_s_median": median([r["wall"] for r in runs]),
+                "step_duration_s_medians": dict((k, median(v)) for k, v in steps.items()),
+                "survivors_counts": [rc.get("survivors_count") for rc in receipts],
+                "containment": sorted(str(c) for c in self.seen.get(row, ()))}
+
+    def storm_rows(self, row, containment, loaded, nice, summaries, count):
+        s = summaries[row]
+        extra = dict(s, pid_namespace=self.ns_prefix is not None,
+                     pid_namespace_note=self.ns_why_not, loaded=loaded,
+                     busy_loops=BUSY_LOOPS if loaded else 0, cap_sys_nice=nice,
+                     command="PY %s %s" % (RESPAWNER, " ".join(STORM)),
+                     options="%s--timeout %g --cleanup-timeout %g" % (
+                         "" if containment is None else " ".join(self.containment_env(
+                             containment)[0]) + " ", STORM_TIMEOUT, STORM_CLEANUP))
+        confirmed, drains = s["confirmed_runs"], s["draining_s"] or [float("nan")]
+        how = "%s%s" % ("loaded (%d busy loops)" % BUSY_LOOPS if loaded else "quiet",
+                        "" if nice else ", no CAP_SYS_NICE")
+        if row == "P12":
+            passed = confirmed == count and s["duration_s_max"] <= STORM_BOUND  # nan: False
+            extra["bound_s"] = STORM_BOUND
+            self.add_row("P12", "storm, 255 in own sessions, leaves respawn every 2 ms (%s)%s: "
+                         "duration_s" % ("own PID namespace" if self.ns_prefix else "no PID namespace",
+                                         self.contained(row)),
+                         s["duration_s"] or [float("nan")], "s",
+                         "%d/%d confirmed, max <= %g s" % (confirmed, count, STORM_BOUND),
+                         s["duration_s_max"], STORM_BOUND, passed=passed, extra=extra)
+            self.add_row("P12-drain", "storm: the receipt's draining step (info)%s"
+                         % self.contained(row), drains, "s", "info", None,
+                         extra={"runs": s["runs"], "confirmed_runs": confirmed,
+                                "pid_namespace": self.ns_prefix is not None})
+            return
+        what = "storm%s, %s: draining step (duration_s median %.2f s)" % (
+            self.contained(row), how, s["duration_s_median"])
+        if containment == "cgroup" and nice:
+            passed = confirmed == count and s["draining_s_max"] <= STORM_DRAIN_LIMIT
+            extra["draining_limit_s"] = STORM_DRAIN_LIMIT
+            self.add_row(row, what, drains, "s", "%d/%d confirmed, max <= %g s" % (
+                confirmed, count, STORM_DRAIN_LIMIT), s["draining_s_max"], STORM_DRAIN_LIMIT,
+                passed=passed, extra=extra)
+        elif containment == "cgroup":
+            # Without CAP_SYS_NICE: against the same storm with it, loaded too.
+            yard = summaries.get("P12-cgroup-load", {}).get("draining_s") or None
+            extra["yardstick_note"] = "P12-cgroup-load's draining step (with CAP_SYS_NICE), same run"
+            self.add_row(row, what, drains, "s", "info: %d/%d confirmed" % (confirmed, count),
+                         None, yard=yard, extra=extra)
+        else:
+            self.add_row(row, what, drains, "s", "info: %d/%d confirmed" % (confirmed, count),
+                         None, extra=extra)
+
+    # P13 --------------------------------------------------------------------------------------
+
+    def sleepers_of(self, pid):
+        """{pid: start time} of the P13 helper's children: the helper is the
+        supervisor's child, below unshare when in a namespace (host pids:
+        the bench reads the host's /proc)."""
+        def kids(p):
+            text = read_text("/proc/%d/task/%d/children" % (p, p)) or ""
+            return [int(x) for x in text.split()]
+        supervisor = kids(pid) if self.ns_prefix else [pid]
+        helpers = [c for s in supervisor for c in kids(s)]
+        found = {}
+        for helper in helpers:
+            for child in kids(helper):
+                start = start_time(child)
+                if start is not None:
+                    found[child] = start
+        return found
+
+    def many_run(self, containment, i):
+        """One P13 run: (receipt or None, seconds from the stop file to the
+        exit, whether it had to be killed, the sleeps left alive after it)."""
+        context = "P13-%s run %d" % (containment, i)
+        options, env = self.containment_env(containment)
+        stop = os.path.join(self.stops, "p13-stop")
+        sleep = os.path.realpath(shutil.which("sleep"))
+        argv, receipt_path = self.supervisor(
+            options + ["--timeout", "600", "--stop-file", stop],
+            [self.py, "-I", "-S", self.sessions, str(MANY_N), sleep])
+        read_end, write_end = os.pipe()
+        aborted, sleepers = False, {}
+        try:
+            pid = self.spawn((self.ns_prefix or []) + argv, stdout=write_end, env=env)
+            os.close(write_end)
+            write_end = None
+            line = read_ready(read_end, context + " helper", timeout=2 * READY_TIMEOUT)
+            if line != "READY %d" % MANY_N:
+                self.note("%s: the helper said %r" % (context, line))
+            sleepers = self.sleepers_of(pid)
+            if len(sleepers) != MANY_N:
+                self.note("%s: %d sleeps found below the helper, expected %d"
+                          % (context, len(sleepers), MANY_N))
+            created = time.monotonic()
+            os.close(os.open(stop, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+            while not has_exited(pid):
+                if time.monotonic() - created > MANY_ABORT:
+                    os.kill(pid, signal.SIGKILL)  # our unreaped child; the sweep does the rest
+                    aborted = True
+                    self.note("%s: still running %g s after the stop file; killed"
+                              % (context, MANY_ABORT))
+                    break
+                time.sleep(0.01)
+            _, status = os.waitpid(pid, 0)
+            to_exit = time.monotonic() - created
+        finally:
+            os.close(read_end)
+            if write_end is not None:
+                os.close(write_end)
+            if os.path.exists(stop):
+                os.unlink(stop)
+        self.sweep(context, expected=aborted)
+        left = self.end_sleepers(sleepers, context)
+        receipt = self.check_receipt(receipt_path, context, tag="P13-" + containment,
+                                     stop_reason="stop_file", exit_status=124,
+                                     containment=containment)
+        if exit_code(status) != 124 and not aborted:
+            self.note("%s: %s exited %d, expected 124" % (
+                context, "unshare" if self.ns_prefix else "the supervisor", exit_code(status)))
+        return receipt, to_exit, aborted, left
+
+    def end_sleepers(self, sleepers, context):
+        """How many of the P13 sleeps outlived their run (same pid, same start
+        time); those are killed by their process group (each leads its own
+        session) and reaped. Within a PID namespace none can: it died with
+        its PID 1."""
+        left = [p for p, start in sleepers.items() if start_time(p) == start]
+        if left:
+            self.note("%s: %d of the %d sleeps outlived the run; killed by process group"
+                      % (context, len(left), len(sleepers)))
+            for p in left:
+                stat = read_text("/proc/%d/stat" % p)
+                if stat and int(stat.rsplit(")", 1)[1].split()[2]) == p:  # its own group
+                    try:
+                        os.killpg(p, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            self.sweep(context + " (the sleeps left)", expected=True)
+        return len(left)
+
+    def p13_many_sessions(self):
+        modes = ["children", "scan"]
+        if self.cgroup_why_not.get(self.ns_prefix is not None) is None:
+            modes.append("cgroup")
+        else:
+            self.note("P13-cgroup: skipped: %s" % self.cgroup_why_not[self.ns_prefix is not None])
+        count = 1 if self.quick else 2
+        progress("P13 forced stop of %d in own sessions ignoring SIGTERM, --cleanup-timeout %g: "
+                 "%s, %d run(s) each (%s)" % (MANY_N, MANY_CLEANUP, ", ".join(modes), count,
+                                             "own PID namespace" if self.ns_prefix
+                                             else "no PID namespace: " + self.ns_why_not))
+        runs = dict((m, []) for m in modes)
+        for i in range(count):
+            for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
+                if runs[mode] and runs[mode][-1][2]:
+                    continue  # aborted: a miss already
+                runs[mode].append(self.many_run(mode, i))
+        for mode in modes:
+            receipts = [r[0] for r in runs[mode] if r[0] is not None]
+            confirmed = sum(rc.get("cleanup_confirmed") is True for rc in receipts)
+            drains = [s["duration_s"] for rc in receipts for s in rc.get("ladder") or []
+                      if s["step"] == "draining"]
+            durations = [rc["duration_s"] for rc in receipts]
+            worst = max(drains) if len(drains) == count else float("nan")
+            steps = {}
+            for rc in receipts:
+                for step in rc.get("ladder") or []:
+                    steps.setdefault(step["step"], []).append(step["duration_s"])
+            tag = "P13-" + mode
+            self.add_row(tag, "forced stop, %d in own sessions ignoring SIGTERM%s: draining step "
+                         "(duration_s median %.1f s)" % (MANY_N, self.contained(tag), median(durations)),
+                         drains or [float("nan")], "s", "%d/%d confirmed, max <= %g s" % (
+                             confirmed, count, MANY_CLEANUP), worst, MANY_CLEANUP,
+                         passed=confirmed == count and worst <= MANY_CLEANUP,
+                         extra={"runs": len(runs[mode]), "runs_planned": count,
+                                "confirmed_runs": confirmed, "duration_s": durations,
+                                "duration_s_median": median(durations),
+                                "stop_file_to_exit_s": [round(r[1], 4) for r in runs[mode]],
+                                "step_duration_s": dict((k, v) for k, v in steps.items()),
+                                "drained_counts": [rc.get("drained_count") for rc in receipts],
+                                "survivors_counts": [rc.get("survivors_count") for rc in receipts],
+                                "sleeps_left_after": [r[3] for r in runs[mode]],
+                                "containment": mode, "cleanup_timeout_s": MANY_CLEANUP,
+                                "pid_namespace": self.ns_prefix is not None})
+
+    # P14 --------------------------------------------------------------------------------------
+
+    def argv_run(self, i, sh):
+        """One P14 run: (receipt or None, its size in bytes, seconds from the
+        receipt's ended_at to the bench seeing the exit, seconds from the stop
+        file to the exit)."""
+        context = "P14 run %d" % i
+        stop = os.path.join(self.stops, "p14-stop")
+        argv, receipt_path = self.supervisor(
+            ["--timeout", "600", "--stop-file", stop],
+            [self.py, "-I", "-S", self.argv_helper, str(ARGV_N), str(ARGV_COUNT), str(ARGV_BYTES), sh])
+        read_end, write_end = os.pipe()
+        try:
+            pid = self.spawn(argv, stdout=write_end)
+            os.close(write_end)
+            write_end = None
+            line = read_ready(read_end, context + " helper")
+            if line != "READY %d" % ARGV_N:
+                self.note("%s: the helper said %r" % (context, line))
+            created = time.monotonic()
+            os.close(os.open(stop, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+            wait_exited(pid)
+            exited_wall, exited = time.time(), time.monotonic()
+            _, status = os.waitpid(pid, 0)
+        finally:
+            os.close(read_end)
+            if write_end is not None:
+                os.close(write_end)
+            if os.path.exists(stop):
+                os.unlink(stop)
+        size = os.path.getsize(receipt_path) if os.path.exists(receipt_path) else None
+        receipt = self.check_receipt(receipt_path, context, tag="P14", stop_reason="stop_file",
+                                     exit_status=124)
+        if exit_code(status) != 124:
+            self.note("%s: the supervisor exited %d, expected 124" % (context, exit_code(status)))
+        self.sweep(context)
+        after = exited_wall - parse_utc(receipt["ended_at"]) if receipt else float("nan")
+        return receipt, size, after, exited - created
+
+    def p14_receipt_cap(self):
+        sh = shutil.which("sh")
+        if sh is None:
+            self.note("P14: no sh on PATH; no receipt-cap rows")
+            return
+        count = 2 if self.quick else 5
+        progress("P14 receipt at its cap: %d x sh with %d x %d bytes of argv, %d runs"
+                 % (ARGV_N, ARGV_COUNT, ARGV_BYTES, count))
+        runs = [self.argv_run(i, sh) for i in range(count + 1)][1:]  # one warm-up
+        receipts = [r[0] for r in runs if r[0] is not None]
+        sizes = [r[1] / 1024.0 for r in runs if r[1] is not None]
+        afters = [r[2] * 1000 for r in runs if r[2] == r[2]]
+        whole = len(receipts) == count
+        extra = {"receipt_bytes": [r[1] for r in runs],
+                 "receipt_cap_bytes": int(RECEIPT_CAP_KIB * 1024),
+                 "drained_counts": [rc.get("drained_count") for rc in receipts],
+                 "drained_listed": [len(rc.get("drained") or []) for rc in receipts],
+                 "omitted": [rc.get("omitted") for rc in receipts],
+                 "stop_file_to_exit_ms": [round(r[3] * 1000, 3) for r in runs],
+                 "argv_bytes_each": ARGV_COUNT * ARGV_BYTES,
+                 "command": "PY -I -S argv.py %d %d %d %s" % (ARGV_N, ARGV_COUNT, ARGV_BYTES, sh)}
+        worst = max(sizes) if whole and len(sizes) == count else float("nan")
+        self.add_row("P14-size", "receipt at its cap: %d sh with %d KB argv each%s: size"
+                     % (ARGV_N, ARGV_COUNT * ARGV_BYTES // 1000, self.contained("P14")),
+                     sizes or [float("nan")], "KiB", "max <= %g KiB (check)" % RECEIPT_CAP_KIB,
+                     worst, RECEIPT_CAP_KIB, extra=extra)
+        worst = max(afters) if whole and len(afters) == count else float("nan")
+        self.add_row("P14", "receipt at its cap: its ended_at -> the supervisor's exit%s"
+                     % self.contained("P14"), afters or [float("nan")], "ms",
+                     "max <= %g ms" % (RECEIPT_EXIT_LIMIT * 1000), worst, RECEIPT_EXIT_LIMIT * 1000,
+                     extra={"yardstick_note": "the receipt's ended_at (supervise() returned), "
+                                              "wall clock; the exit as the bench's waitid saw it"})
 
     # -- Whole run --------------------------------------------------------------------------
 
@@ -1175,9 +1764,11 @@ class Bench(object):
         """Every row, quiet host first, the busy host (P9) last; P11 comes and
         goes between the two."""
         self.check_platform()
+        self.probe_containments()
         steps = (("P1", self.p1_startup), ("P2", self.p2_exit), ("P3", self.p3_deadline),
                  ("P4", self.p4_stop_file), ("P5", self.p5_idle), ("P6", self.p6_p7_drains),
-                 ("P10", self.p10_peak_rss), ("P12", self.p12_storm),
+                 ("P10", self.p10_peak_rss), ("P14", self.p14_receipt_cap),
+                 ("P12", self.p12_storm), ("P13", self.p13_many_sessions),
                  ("P11", self.p11_crowded_host), ("P9", self.p9_busy_host))
         for name, step in steps:
             if only is None or name in only:
@@ -1193,6 +1784,7 @@ class Bench(object):
     def cleanup(self):
         """Kill and reap all we started, remove the temporary directory."""
         try:
+            self.stop_loops()
             self.stop_busy_host()
         finally:
             try:

@@ -13,8 +13,10 @@ import json
 import os
 import select
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -151,27 +153,49 @@ def alive(pid, start=None):
     return stat is not None and stat[0] not in "ZX" and (start is None or stat[4] == start)
 
 
-def all_procs():
-    procs = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            stat = proc_stat(int(name))
-            if stat:
-                procs[int(name)] = stat
-    return procs
+def children_of(pid):
+    """pid's children, from the children files of its threads (this kernel
+    has them: CONFIG_PROC_CHILDREN); [] when it is gone."""
+    found = []
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+                found.extend(int(word) for word in f.read().split())
+        except OSError:
+            pass
+    return found
 
 
-def descendants(pid, procs=None):
-    procs = all_procs() if procs is None else procs
-    children = {}
-    for p, stat in procs.items():
-        children.setdefault(stat[1], []).append(p)
-    found, todo = [], list(children.get(pid, []))
+def descendants(pid):
+    """pid's descendants, by the children files: a walk of our own tree,
+    which costs what the tree costs, not what the host's processes do (a
+    heavy test beside this one may have thousands)."""
+    found, todo = [], children_of(pid)
     while todo:
         p = todo.pop()
         found.append(p)
-        todo.extend(children.get(p, []))
+        todo.extend(children_of(p))
     return found
+
+
+def supervisor_below(pid, missing_ok=False):
+    """The supervisor's pid among pid and its descendants (as the host sees
+    it): `PY supervisor.py ...`, not unshare or a shell, whose arguments may
+    name it too."""
+    for candidate in [pid] + descendants(pid):
+        try:
+            with open("/proc/%d/cmdline" % candidate, "rb") as f:
+                if f.read().split(b"\0")[1:2] == [SUPERVISOR.encode()]:
+                    return candidate
+        except OSError:
+            pass
+    if missing_ok:
+        return None
+    raise AssertionError("no supervisor below %d" % pid)
 
 
 def running(pid, argv):
@@ -213,9 +237,8 @@ def wait_until(predicate, timeout=30.0, interval=0.01):
 
 def reap_adopted_zombies():
     """Reap zombies re-parented to us (we are a subreaper)."""
-    me = os.getpid()
-    for pid, stat in all_procs().items():
-        if stat[1] == me and stat[0] == "Z":
+    for pid in children_of(os.getpid()):
+        if (proc_stat(pid) or ("?",))[0] == "Z":
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
@@ -253,9 +276,8 @@ def no_leaks():
     reap_adopted_zombies()
 
     def leaked():
-        procs = all_procs()
-        return [p for p in descendants(os.getpid(), procs)
-                if p not in before and procs[p][0] not in "ZX"]
+        return [p for p in descendants(os.getpid())
+                if p not in before and (proc_stat(p) or ("Z",))[0] not in "ZX"]
 
     wait_until(lambda: not leaked(), timeout=3.0)
     left = leaked()
@@ -472,6 +494,21 @@ def stop_noticed_after(receipt, created):
     started = calendar.timegm(time.strptime(receipt["started_at"][:19], "%Y-%m-%dT%H:%M:%S"))
     started += float("0." + receipt["started_at"][20:26])
     return started + receipt["ladder"][0]["start_s"] - created
+
+
+@pytest.fixture
+def open_dir():
+    """A directory everyone can reach (pytest's tmp_path is 0700): a world
+    workdir `work`, and `ctl`, only root's, for the receipt."""
+    top = tempfile.mkdtemp(prefix="trust-", dir="/tmp")
+    os.chmod(top, 0o755)
+    work = os.path.join(top, "work")
+    ctl = os.path.join(top, "ctl")
+    os.mkdir(work, 0o777)
+    os.chmod(work, 0o777)
+    os.mkdir(ctl, 0o755)
+    yield {"top": top, "work": work, "ctl": ctl, "receipt": os.path.join(ctl, "receipt.json")}
+    shutil.rmtree(top, ignore_errors=True)
 
 
 def read_receipt(path):

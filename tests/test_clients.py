@@ -11,9 +11,9 @@ import time
 import pytest
 
 from conftest import (
-    DEFAULT_CONTAINMENT, KEEP, PY, ROOT, alive, finish, heavy, kill_all, plain_signals, read_lines_until,
-    read_receipt, run, run_supervisor, running, spawn, start_supervisor, start_tree,
-    supervisor_cmd, wait_until,
+    DEFAULT_CONTAINMENT, KEEP, PY, ROOT, alive, finish, heavy, kill_all, plain_signals,
+    read_lines_until, read_receipt, run, run_supervisor, running, spawn, start_supervisor,
+    start_tree, supervisor_cmd, wait_until,
 )
 
 REFERENCE_KEYS = {"cleanup_confirmed", "error", "return_code", "timed_out"}
@@ -41,7 +41,7 @@ def test_gnu_timeout_around_the_supervisor_keeps_the_grace(paths):
     """timeout(1) sends SIGTERM to its child, then to its own process group:
     two at once, one request. The command's grace (it exits 0.3 s after
     SIGTERM) must hold every time."""
-    for _ in range(4):
+    for _ in range(2):
         proc = spawn(["timeout", "100"] + supervisor_cmd(*paths.options(cleanup=2) + [
             "--", PY, "-c", REPORTER, "--exit-on-signal", "0.3"]))
         read_lines_until(proc.stdout, "ready")
@@ -151,6 +151,7 @@ def test_verbose_says_when_the_run_is_stopped_and_how_it_ended(paths):
     proc = start_supervisor("-v", *paths.options(timeout=600, cleanup=1, stop=True) + KEEP + [
         "--", "sh", "-c", script])
     read_lines_until(proc.stdout, "started")
+    assert wait_until(lambda: len(running(proc.pid, [b"sleep", b"300"])) == 3)  # execs done
     paths.stop.write_text("")
     status, _, err = finish(proc)  # the kept service holds the pipes open: no EOF
     receipt = read_receipt(paths.receipt)
@@ -158,12 +159,13 @@ def test_verbose_says_when_the_run_is_stopped_and_how_it_ended(paths):
     try:
         assert status == 124
         lines = err.splitlines()
-        assert len(lines) == 2, err
+        # A line when the grace runs out (SIGKILL needed): a loaded machine may get there.
+        assert len(lines) == 2 or (len(lines) == 3 and "SIGKILL" in lines[1]), err
         assert lines[0].startswith("supervisor.py: stopping the run: the stop file")
         assert "SIGTERM to the run" in lines[0]
-        assert lines[1].startswith("supervisor.py: done: stop_file, exit status 124")
-        assert "%d drained" % receipt["drained_count"] in lines[1]
-        assert "1 kept (%d sleep 300)" % kept in lines[1] and "cleanup confirmed" in lines[1]
+        assert lines[-1].startswith("supervisor.py: done: stop_file, exit status 124")
+        assert "%d drained" % receipt["drained_count"] in lines[-1]
+        assert "1 kept (%d sleep 300)" % kept in lines[-1] and "cleanup confirmed" in lines[-1]
     finally:
         kill_all([kept])
 

@@ -8,17 +8,18 @@ Mounts happen in a private mount namespace (unshare --mount), so nothing
 reaches the host's; what a test mounts, freezes or starts, it undoes."""
 import json
 import os
+import signal
 import subprocess
 import time
 
 import pytest
 
 from conftest import (
-    HAS_CGROUP, IS_ROOT, PY, alive, descendants, finish, heavy, kill_all, read_lines_until,
-    read_receipt, run, run_supervisor, running, spawn, start_supervisor, supervisor_cmd,
-    wait_until,
+    HAS_CGROUP, IS_ROOT, PY, alive, descendants, finish, heavy, kill_all, kill_pinned,
+    read_lines_until, read_receipt, run, run_supervisor, running, spawn, start_supervisor,
+    supervisor_below, supervisor_cmd, wait_until,
 )
-from test_trust import AS_NOBODY, NOBODY, open_dir, user_run  # noqa: F401 (open_dir: a fixture)
+from test_trust import AS_NOBODY, NOBODY, user_run
 
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root (mounts, --user, loop devices)")
 
@@ -235,26 +236,29 @@ def test_a_thousand_huge_argvs_make_a_receipt_of_at_most_a_mebibyte(paths):
     """1,000 processes with 70 KB of argv each made a 310 MiB receipt that took
     longer to write than exec_timeout() leaves: each argv is cut at 4 KiB
     (marked), and the receipt stays within 1 MiB, saying what it left out."""
+    # sh keeps its argv while it waits for its sleep (no exec of the last command).
     script = ("import os, sys, time\n"
               "big = ['x' * 7000] * 10\n"
               "for i in range(1000):\n"
               "    if os.fork() == 0:\n"
-              "        os.execvp('sleep', ['sleep', '300'] + big)\n"
+              "        os.execvp('sh', ['sh', '-c', 'sleep 300; :'] + big)\n"
               "print('READY', flush=True)\n"
               "time.sleep(300)\n")
     proc = start_supervisor(*paths.options(cleanup=2, stop=True) + ["--", PY, "-c", script])
     read_lines_until(proc.stdout, "READY", timeout=60)
-    huge = [b"sleep", b"300"] + [b"x" * 7000] * 10
+    huge = [b"sh", b"-c", b"sleep 300; :"] + [b"x" * 7000] * 10
     assert wait_until(lambda: len(running(proc.pid, huge)) == 1000, timeout=60)
+    assert wait_until(lambda: len(running(proc.pid, [b"sleep", b"300"])) == 1000, timeout=60)
     paths.stop.write_text("")
     status, _, err = finish(proc)
     assert status == 124, err
     size = paths.receipt.stat().st_size
     receipt = read_receipt(paths.receipt)
     assert size <= 1 << 20
-    assert receipt["drained_count"] == 1001 and receipt["omitted"]["drained"] > 0
-    assert all(d["command_truncated"] for d in receipt["drained"] if d["command"][0] == "sleep")
-    assert all(len(" ".join(d["command"])) <= 4096 for d in receipt["drained"])
+    assert receipt["drained_count"] == 2001 and receipt["omitted"]["drained"] > 0
+    listed = [d for d in receipt["drained"] if d["command"][:1] == ["sh"]]
+    assert listed and all(d["command_truncated"] for d in listed)
+    assert all(len("\0".join(d["command"])) <= 4096 for d in receipt["drained"])
 
 
 # --- An untrusted command cannot suspend the deadline -----------------------------------------------
@@ -446,3 +450,48 @@ def test_after_an_unconfirmed_run_survivors_lists_what_is_alive(paths, tmp_path)
             f.write("THAWED")
         wait_until(lambda: not open(os.path.join(cgroup, "cgroup.procs")).read().strip())
         os.rmdir(cgroup)
+
+
+# --- Big trees within the budget ---------------------------------------------------------------------
+
+FIVE_THOUSAND = r"""
+import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only the drain's SIGKILL ends them
+for i in range(5000):
+    if os.fork() == 0:
+        os.setsid()
+        while True:
+            signal.pause()
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+@heavy
+@needs_root
+@pytest.mark.parametrize("kind", ["children", "scan"])
+def test_five_thousand_sessions_are_drained_within_the_default_budget(paths, monkeypatch, kind):
+    """5,000 processes in sessions of their own, deaf to SIGTERM: the /proc
+    walk drains and confirms them within the default budget (10 s), with the
+    children files and with the scan (which used to poll 1 ms per descriptor
+    above 1023 and rescan /proc at each reap). In a PID namespace of its own."""
+    monkeypatch.setenv("SUPERVISOR_CONTAINMENT", kind)
+    argv = ["unshare", "--pid", "--fork", "--mount-proc"] + supervisor_cmd(
+        "--timeout", 600, "--workdir", paths.work, "--receipt", paths.receipt,
+        "--stop-file", paths.stop, "--containment", "proc", "--", PY, "-c", FIVE_THOUSAND)
+    proc = spawn(argv)
+    read_lines_until(proc.stdout, "READY", timeout=120)
+    paths.stop.write_text("")
+    supervisor = supervisor_below(proc.pid)
+    # The grace would last its 10 s (they ignore SIGTERM): two stop signals
+    # hurry it (after the stop file's stop, the first is that stop again).
+    kill_pinned(supervisor, signal.SIGTERM)
+    kill_pinned(supervisor, signal.SIGINT)
+    status, _, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["containment"] == kind
+    assert receipt["cleanup_confirmed"] is True, err
+    assert receipt["drained_count"] >= 5001
+    draining = [s for s in receipt["ladder"] if s["step"] == "draining"][0]
+    assert draining["duration_s"] <= 10.0, receipt["ladder"]

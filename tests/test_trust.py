@@ -14,15 +14,14 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import time
 
 import pytest
 
 from conftest import (
-    HAS_CGROUP, IS_ROOT, KEEP, PY, SUPERVISOR, alive, descendants, finish, kill_all, kill_pinned, plain_signals, proc_stat, read_lines,
-    read_lines_until, read_receipt, run, run_supervisor, spawn, start_supervisor,
-    stop_noticed_after, supervisor_cmd, wait_until,
+    HAS_CGROUP, IS_ROOT, KEEP, PY, SUPERVISOR, alive, finish, kill_all, kill_pinned, plain_signals,
+    proc_stat, read_lines, read_lines_until, read_receipt, run, run_supervisor, spawn,
+    start_supervisor, stop_noticed_after, supervisor_below, supervisor_cmd, wait_until,
 )
 
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root (--user, mounts, mknod)")
@@ -45,21 +44,6 @@ def _python_for_nobody():
 
 
 NOBODY_PY = _python_for_nobody()
-
-
-@pytest.fixture
-def open_dir():
-    """A directory everyone can reach (pytest's tmp_path is 0700): a world
-    workdir `work`, and `ctl`, only root's, for the receipt."""
-    top = tempfile.mkdtemp(prefix="trust-", dir="/tmp")
-    os.chmod(top, 0o755)
-    work = os.path.join(top, "work")
-    ctl = os.path.join(top, "ctl")
-    os.mkdir(work, 0o777)
-    os.chmod(work, 0o777)
-    os.mkdir(ctl, 0o755)
-    yield {"top": top, "work": work, "ctl": ctl, "receipt": os.path.join(ctl, "receipt.json")}
-    shutil.rmtree(top, ignore_errors=True)
 
 
 def one_line(stderr, *fragments):
@@ -696,20 +680,6 @@ def spawn_to_files(argv, directory, **kwargs):
 def finish_to_files(proc, directory):
     status = proc.wait(timeout=120)
     return status, (directory / "stdout").read_text(), (directory / "stderr").read_text()
-
-
-def supervisor_below(pid, missing_ok=False):
-    """The supervisor's pid among pid's descendants: the one running SUPERVISOR."""
-    for candidate in descendants(pid):
-        try:
-            with open("/proc/%d/cmdline" % candidate, "rb") as f:
-                if f.read().split(b"\0")[1:2] == [SUPERVISOR.encode()]:
-                    return candidate
-        except OSError:
-            pass
-    if missing_ok:
-        return None
-    raise AssertionError("no supervisor below %d" % pid)
 
 
 def adopted_by(pid, parent):

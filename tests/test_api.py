@@ -1,0 +1,122 @@
+"""The API has the CLI's choices (policy, stop signal, receipt path, verbose),
+ends what it started when the launch fails after the fork, and the owner's
+teardown (--end-kept, end_kept()) ends what a receipt kept, never a pid
+whose start time is not the receipt's. Each API call runs in a fresh
+interpreter (supervise() takes over the process's signals for the run)."""
+import json
+import os
+import subprocess
+import tempfile
+
+from conftest import (
+    KEEP, PY, ROOT, alive, finish, kill_all, read_lines, read_receipt, run, run_supervisor,
+    start_supervisor,
+)
+
+
+def run_python(code, cwd=None):
+    """code, with supervisor importable, in a directory of its own."""
+    with tempfile.TemporaryDirectory() as here:
+        result = run([PY, "-c", code], cwd=cwd or here, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_supervise_takes_the_clis_choices_and_writes_the_receipt(paths):
+    paths.receipt.parent.mkdir()
+    paths.receipt.write_text(json.dumps({"cleanup_confirmed": True, "stale": True}))
+    code = ("import json, supervisor as s\n"
+            "r = s.supervise(['sh', '-c', 'setsid -f sleep 300 >/dev/null 2>&1; "
+            "trap \"exit 9\" INT; while :; do sleep 0.05; done'], 0.5, 2, workdir=%r, "
+            "policy='keep-services', stop_signal='INT', receipt=%r, verbose=True)\n"
+            "print(json.dumps(r))\n" % (str(paths.work), str(paths.receipt)))
+    result = run_python(code)
+    returned, written = json.loads(result.stdout), read_receipt(paths.receipt)
+    kept = [p["pid"] for p in written["preserved"]]
+    try:
+        assert returned == written and "stale" not in written
+        assert written["policy"] == "keep-services" and written["stop_signal"] == "SIGINT"
+        assert written["return_code"] == 9 and written["exit_status"] == 124
+        assert len(kept) == 1 and alive(kept[0])
+        assert "stopping the run: the deadline passed" in result.stderr  # verbose
+    finally:
+        kill_all(kept)
+
+
+def test_supervise_refuses_a_receipt_inside_the_workdir_and_bad_choices(paths):
+    code = ("import supervisor as s\n"
+            "for kwargs in (dict(receipt=%r), dict(policy='keep-all'), dict(stop_signal='NOPE'),"
+            " dict(containment='jail')):\n"
+            "    try:\n"
+            "        s.supervise(['true'], 5, workdir=%r, **kwargs)\n"
+            "    except s.UsageError as e:\n"
+            "        print('refused:', e)\n" % (str(paths.work / "r.json"), str(paths.work)))
+    lines = run_python(code).stdout.splitlines()
+    assert len(lines) == 4 and all(line.startswith("refused:") for line in lines), lines
+    assert "inside the workdir" in lines[0] and "policy" in lines[1]
+
+
+def test_a_launch_that_fails_after_the_fork_ends_what_it_started():
+    """The child exists, then the supervisor fails before it holds it (here:
+    the exec report cannot be made). supervise() does not raise and leave it
+    running: it ends it, and returns a receipt that does not confirm."""
+    code = ("import json, time, supervisor as s\n"
+            "class Broken(object):\n"
+            "    def __init__(self, fd):\n"
+            "        raise OSError(5, 'launch handle lost after process creation')\n"
+            "s._ExecReport = Broken\n"
+            "r = s.supervise(['sleep', '300'], 30, 1)\n"
+            "print(json.dumps(r))\n")
+    receipt = json.loads(run_python(code).stdout)
+    assert receipt["cleanup_confirmed"] is False and receipt["exit_status"] == 125
+    assert "launch handle lost" in receipt["error"]
+    assert receipt["pid"] is not None and not alive(receipt["pid"])
+
+
+def test_end_kept_ends_what_a_receipt_kept_and_leaves_a_reused_pid_alone(paths, tmp_path):
+    """--end-kept on a /proc walk's receipt: each kept process whose start time
+    is the receipt's, with its descendants, is ended; an entry whose pid now
+    belongs to another process (an old receipt, or a forged one: here the
+    test's own sleep under that pid's name) is left alone, and said."""
+    script = ("setsid -f sh -c 'sleep 300 & echo child $!; echo service $$; exec sleep 300'; "
+              "echo started; exec sleep 300")
+    proc = start_supervisor(*paths.options(cleanup=1, stop=True) + KEEP + [
+        "--containment", "proc", "--", "sh", "-c", script])
+    lines = read_lines(proc.stdout, 3)
+    pids = dict(line.split() for line in lines if len(line.split()) == 2)
+    service, child = int(pids["service"]), int(pids["child"])
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    bystander = subprocess.Popen(["sleep", "300"])
+    try:
+        receipt = read_receipt(paths.receipt)
+        assert status == 124 and [p["pid"] for p in receipt["preserved"]] == [service], err
+        # As if the bystander's pid had been reused from a kept process.
+        receipt["preserved"].append({"pid": bystander.pid, "start_time": 1, "command": ["x"]})
+        forged = tmp_path / "receipt.json"
+        forged.write_text(json.dumps(receipt))
+        result = run_supervisor("--end-kept", forged, "-k", "5")
+        assert result.returncode == 0, result.stderr
+        assert "left alone: %d" % bystander.pid in result.stderr
+        assert not alive(service) and not alive(child)
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+        kill_all([p for p in (service, child) if alive(p)])
+
+
+def test_end_kept_api_and_a_receipt_that_kept_nothing():
+    code = ("import supervisor as s\n"
+            "print(s.end_kept({'preserved': [], 'kept_cgroup': None}))\n")
+    assert run_python(code).stdout.strip() == "(True, 'all kept processes are gone: ended 0 " \
+        "process(es)')"
+
+
+def test_end_kept_refuses_what_is_not_a_receipt(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    for path in (bad, tmp_path / "missing.json"):
+        result = run_supervisor("--end-kept", path)
+        assert result.returncode == 125 and result.stderr.count("\n") == 1
+        assert "--end-kept" in result.stderr

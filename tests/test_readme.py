@@ -1,0 +1,73 @@
+"""Every example in the README runs as written: each `sh` or `python` block
+is marked, above its fence, either `<!-- example -->` (run alone),
+`<!-- example: NAME -->` (run with the other blocks of that name, in order,
+in one directory) or `<!-- not run: why -->`; an unmarked one fails this
+test. Each runs in a directory of its own holding a copy of supervisor.py,
+as a user who has just copied the file would run it."""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import PY, ROOT, SUPERVISOR, run, wait_until
+
+README = os.path.join(ROOT, "README.md")
+BLOCK = re.compile(r"(?:<!-- (example(?:: [\w-]+)?|not run: [^>]*) -->\n)?```(\w*)\n(.*?)```",
+                   re.S)
+# Paths the controller's example uses as a sandbox's would: cleared around it.
+FIXED_PATHS = ("/tmp/session", "/tmp/process_supervisor.py")
+
+
+def examples():
+    """{name: [(language, code)]}, in the README's order; a block run alone
+    gets a name of its own."""
+    with open(README) as f:
+        text = f.read()
+    groups, unmarked = {}, []
+    for number, (marker, language, code) in enumerate(BLOCK.findall(text)):
+        if language not in ("sh", "python"):
+            continue
+        if not marker:
+            unmarked.append(code.splitlines()[0])
+        elif marker.startswith("example"):
+            name = marker.partition(": ")[2] or "block-%d" % number
+            groups.setdefault(name, []).append((language, code))
+    return groups, unmarked
+
+
+GROUPS, UNMARKED = examples()
+
+
+def test_every_example_is_marked():
+    assert UNMARKED == [], "README blocks with no <!-- example --> or <!-- not run -->"
+    assert len(GROUPS) >= 5
+
+
+def clear_fixed_paths():
+    for path in FIXED_PATHS:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.unlink(path)
+
+
+@pytest.mark.parametrize("name", sorted(GROUPS))
+def test_the_example_runs_as_written(name, tmp_path):
+    here = tmp_path / "checkout"  # as a CI job's: RUNNER_TEMP is outside it
+    here.mkdir()
+    shutil.copy(SUPERVISOR, str(here / "supervisor.py"))
+    (tmp_path / "runner").mkdir()
+    env = dict(os.environ, RUNNER_TEMP=str(tmp_path / "runner"), PYTHONPATH=str(here))
+    clear_fixed_paths()
+    try:
+        for language, code in GROUPS[name]:
+            argv = ["bash", "-c", code] if language == "sh" else [PY, "-c", code]
+            result = run(argv, cwd=str(here), env=env, stdout=subprocess.PIPE)
+            assert result.returncode == 0, (code, result.stdout, result.stderr)
+        # What an example left in the background (the controller's launch) ends.
+        assert wait_until(lambda: not os.path.exists("/tmp/session/supervisor.pid")
+                          or os.path.exists("/tmp/session/cleanup.json"))
+    finally:
+        clear_fixed_paths()
