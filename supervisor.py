@@ -2,20 +2,21 @@
 """supervisor.py: run a command tree under a deadline, drain what it leaves, prove it.
 
     python3 supervisor.py --timeout DURATION [OPTIONS] -- COMMAND [ARG...]
+    python3 supervisor.py --end-kept RECEIPT
 
-COMMAND runs in a process group of its own, below this process as a child
-subreaper, so that every process of the run descends from it. A run goes
-through the states
+COMMAND runs in a process group of its own, in a cgroup of its own where one
+can be made, below this process as a child subreaper, so that every process
+of the run descends from it. A run goes through the states
 
     starting -> running -> terminating -> killing -> draining -> done
 
-(a natural exit skips killing). When COMMAND exits by itself, what is left of
-its group is drained. When the deadline passes, the stop file appears or a
-stop signal arrives, the group is stopped (SIGTERM, a grace, SIGKILL) and every
-process adopted after that decision is drained with it, in any group or
-session; detached services adopted before the decision keep running. The
-receipt, a JSON file, says what happened and whether /proc confirmed that
-nothing of the run is left alive.
+(a natural exit skips killing). It ends when COMMAND exits by itself, the
+deadline passes, the stop file appears or a stop signal arrives: then what is
+left is stopped (the stop signal, a grace, SIGKILL) and drained. What is
+kept: nothing by default; with --preserve-descendants-on-success everything,
+after an exit 0 that nothing stopped; with --keep-services the services
+detached before a stop. The receipt, a JSON file, says what happened and
+whether it was observed that nothing of the run is left alive.
 
 Exit status (the conventions of timeout(1)):
     N       COMMAND exited with N
@@ -24,6 +25,7 @@ Exit status (the conventions of timeout(1)):
     125     the supervisor failed, or cleanup could not be confirmed (overrides all)
     126     COMMAND was found but could not be executed
     127     COMMAND was not found
+    137     a stop had to end COMMAND with SIGKILL
 
 Standard library only; Linux; CPython 3.6 to 3.13. Importing it has no side
 effects: supervise() is the API, main() the command line.
@@ -2413,7 +2415,7 @@ class _SignalCatcher(object):
         this run is discarded first (at most _DISCARD_LIMIT signals), rather
         than delivered to the caller's handlers."""
         if self.fd is not None:
-            os.set_blocking(self.fd, False)
+            _signalfd(self.handled, self.fd)  # the held ones too: all are this run's
             try:
                 for _ in range(_DISCARD_LIMIT // _SIGNAL_BATCH):
                     if not os.read(self.fd, _SIGINFO_SIZE * _SIGNAL_BATCH):

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import (
     IS_ROOT, KEEP, PY, alive, finish, kill_all, needs_cgroup, read_lines, read_lines_until,
-    read_receipt, run, run_supervisor, start_supervisor, supervisor_cmd, tree_cmd, wait_until,
+    read_receipt, run, run_supervisor, start_supervisor, supervisor_cmd, wait_until,
 )
 
 CGROUP_ROOT = "/sys/fs/cgroup/unified"
@@ -112,26 +112,6 @@ def test_a_process_moved_out_of_the_runs_cgroup_is_still_drained(paths, tmp_path
         assert escaped in [p["pid"] for p in receipt["drained"]]
     finally:
         os.rmdir(other)
-
-
-@needs_cgroup
-def test_nested_supervisors_nest_their_cgroups(paths, tmp_path):
-    inner_receipt = tmp_path / "inner.json"
-    inner = supervisor_cmd("--timeout", 60, "--cleanup-timeout", 1, "--receipt", inner_receipt,
-                           "--workdir", paths.work, "--", *tree_cmd(
-                               {"name": "cmd", "children": [{"name": "tool", "session": True}]}))
-    proc = start_supervisor(*paths.options(cleanup=5, stop=True) + ["--"] + inner)
-    lines = read_lines_until(proc.stdout, "READY")
-    paths.stop.write_text("")
-    status, _, err = finish(proc)
-    assert status == 124, err
-    outer, inner = read_receipt(paths.receipt), read_receipt(inner_receipt)
-    assert outer["containment"] == inner["containment"] == "cgroup"
-    assert inner["cgroup"].startswith(outer["cgroup"] + "/")
-    assert outer["cleanup_confirmed"] is True and inner["cleanup_confirmed"] is True
-    pids = [int(line.split()[2]) for line in lines if line.startswith("NODE")]
-    assert not any(alive(pid) for pid in pids)
-    assert not os.path.exists(cgroup_dir(outer["cgroup"]))
 
 
 @needs_cgroup

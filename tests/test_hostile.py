@@ -34,6 +34,24 @@ def containments():
 
 # --- A proof never crosses a mount the command made ------------------------------------------------
 
+def stop_a_run_that_mounts(paths, kind, script, pid_file):
+    """Run script (it mounts something, says "mounted", and writes the pid of
+    a process the mount hides in pid_file) in a private mount namespace;
+    stop it; (status, receipt, that pid)."""
+    proc = spawn(in_private_mounts(supervisor_cmd(*paths.options(cleanup=0.5, stop=True) + [
+        "--containment", kind, "--", "sh", "-c", script])))
+    read_lines_until(proc.stdout, "mounted")
+    hidden = int((paths.work / pid_file).read_text())
+    paths.stop.write_text("")
+    status, _, _ = finish(proc)
+    return status, read_receipt(paths.receipt), hidden
+
+
+# A tool in a session of its own, deaf to SIGTERM, its pid in `tool`.
+TOOL = ("setsid -f sh -c 'echo $$ > tool; trap \"\" TERM; exec sleep 300'; "
+        "while [ ! -s tool ]; do sleep 0.01; done; ")
+
+
 @needs_root
 @pytest.mark.parametrize("kind", containments())
 def test_a_file_mounted_over_our_own_children_list_is_never_believed(paths, tmp_path, kind):
@@ -41,19 +59,10 @@ def test_a_file_mounted_over_our_own_children_list_is_never_believed(paths, tmp_
     /proc/SUP/task/SUP/children: the look the confirmation rests on would
     see no children. It must fail, not come back empty: a setsid sleep that
     lives on is never covered by a confirmed receipt."""
-    empty = tmp_path / "empty"
-    empty.write_text("")
-    script = ("setsid -f sh -c 'echo $$ > tool; trap \"\" TERM; exec sleep 300'; "
-              "while [ ! -s tool ]; do sleep 0.01; done; "
-              "mount --bind %s /proc/$PPID/task/$PPID/children && echo mounted; exec sleep 300"
-              % empty)
-    proc = spawn(in_private_mounts(supervisor_cmd(*paths.options(cleanup=0.5, stop=True) + [
-        "--containment", kind, "--", "sh", "-c", script])))
-    read_lines_until(proc.stdout, "mounted")
-    tool = int((paths.work / "tool").read_text())
-    paths.stop.write_text("")
-    status, _, err = finish(proc)
-    receipt = read_receipt(paths.receipt)
+    (tmp_path / "empty").write_text("")
+    script = TOOL + ("mount --bind %s /proc/$PPID/task/$PPID/children && echo mounted; "
+                     "exec sleep 300" % (tmp_path / "empty"))
+    status, receipt, tool = stop_a_run_that_mounts(paths, kind, script, "tool")
     try:
         assert not (receipt["cleanup_confirmed"] and alive(tool)), receipt
         if kind == "proc":  # the walk cannot read its own list: it says so
@@ -64,22 +73,14 @@ def test_a_file_mounted_over_our_own_children_list_is_never_believed(paths, tmp_
 
 
 @needs_root
-def test_a_fake_stat_over_a_process_is_never_believed(paths, tmp_path):
+def test_a_fake_stat_over_a_process_is_never_believed(paths):
     """A root command bind-mounts a stat saying "zombie" over a live tool's
     /proc/PID/stat: the walk must not take the tool for dead."""
-    script = ("setsid -f sh -c 'echo $$ > tool; trap \"\" TERM; exec sleep 300'; "
-              "while [ ! -s tool ]; do sleep 0.01; done; t=$(cat tool); "
-              "sed 's/) S /) Z /' /proc/$t/stat > fake; "
-              "mount --bind fake /proc/$t/stat && echo mounted; exec sleep 300")
-    proc = spawn(in_private_mounts(supervisor_cmd(*paths.options(cleanup=0.5, stop=True) + [
-        "--containment", "proc", "--", "sh", "-c", script])))
-    read_lines_until(proc.stdout, "mounted")
-    tool = int((paths.work / "tool").read_text())
-    paths.stop.write_text("")
-    status, _, err = finish(proc)
-    receipt = read_receipt(paths.receipt)
+    script = TOOL + ("t=$(cat tool); sed 's/) S /) Z /' /proc/$t/stat > fake; "
+                     "mount --bind fake /proc/$t/stat && echo mounted; exec sleep 300")
+    status, receipt, tool = stop_a_run_that_mounts(paths, "proc", script, "tool")
     try:
-        assert status == 125 and receipt["cleanup_confirmed"] is False, err
+        assert status == 125 and receipt["cleanup_confirmed"] is False
         assert "mount made inside /proc" in receipt["error"]
     finally:
         kill_all([tool])
@@ -90,20 +91,16 @@ def test_a_fake_stat_over_a_process_is_never_believed(paths, tmp_path):
 def test_a_fake_cgroup_events_is_never_believed(paths, tmp_path):
     """A root command bind-mounts "populated 0" over its cgroup's
     cgroup.events: the empty cgroup it claims is never taken on its word."""
-    fake = tmp_path / "events"
-    fake.write_text("populated 0\nfrozen 0\n")
+    (tmp_path / "events").write_text("populated 0\nfrozen 0\n")
     script = ("cg=/sys/fs/cgroup/unified$(grep ^0:: /proc/self/cgroup | cut -d: -f3); "
               "(trap '' TERM; exec sleep 300) & echo $! > member; "
-              "mount --bind %s $cg/cgroup.events && echo mounted; exec sleep 300" % fake)
-    proc = spawn(in_private_mounts(supervisor_cmd(*paths.options(cleanup=0.5, stop=True) + [
-        "--containment", "cgroup", "--", "sh", "-c", script])))
-    read_lines_until(proc.stdout, "mounted")
-    member = int((paths.work / "member").read_text())
-    paths.stop.write_text("")
-    status, _, err = finish(proc)
-    receipt = read_receipt(paths.receipt)
-    assert not (receipt["cleanup_confirmed"] and alive(member)), receipt
-    kill_all([member])
+              "mount --bind %s $cg/cgroup.events && echo mounted; exec sleep 300"
+              % (tmp_path / "events"))
+    status, receipt, member = stop_a_run_that_mounts(paths, "cgroup", script, "member")
+    try:
+        assert not (receipt["cleanup_confirmed"] and alive(member)), receipt
+    finally:
+        kill_all([member])
 
 
 # --- The receipt path, as given -----------------------------------------------------------------------

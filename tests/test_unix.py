@@ -351,6 +351,9 @@ def test_nested_supervisors_an_outer_stop_stops_the_inner_cleanly(paths, tmp_pat
     assert outer["return_code"] == 143  # the inner one exited, it was not killed
     pids = [int(line.split()[2]) for line in lines if line.startswith("NODE")]
     assert not any(alive(pid) for pid in pids)
+    if outer["containment"] == "cgroup":  # each makes its cgroup below its own
+        assert inner["cgroup"].startswith(outer["cgroup"] + "/")
+        assert not os.path.exists("/sys/fs/cgroup/unified" + outer["cgroup"])
 
 
 def test_nested_supervisors_the_outer_drains_what_a_killed_inner_left(paths, tmp_path):
