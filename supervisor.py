@@ -134,6 +134,9 @@ _STOP_FILE_POLL_INTERVAL = 0.05
 # cgroup.freeze takes effect when every task has stopped in the kernel; a
 # task in D state delays it: the look waits this long at most, then goes on.
 _FREEZE_LIMIT = 0.5
+# A cgroup's maker flocks it right after mkdir; an unlocked one younger than
+# this may be a maker's that did not get that far yet (starved): left alone.
+_LEFTOVER_MIN_AGE = 60.0
 # Waiting for a process the kernel cannot wake us for (no pidfd): 1 ms doubling.
 _EXIT_POLL_FIRST, _EXIT_POLL_MAX = 0.001, 0.1
 # select() keeps deadlines to the microsecond but only for fds below
@@ -243,10 +246,12 @@ def _define_receipt_type():
         "supervisor_pid": int, "started_at": str, "ended_at": str,
         "duration_s": float, "timeout_s": float, "cleanup_timeout_s": float,
         "stop_reason": str, "signal": Optional[str], "exit_status": int,
-        "cleanup_s": float, "ladder": list, "containment": str, "user": Optional[dict],
-        "preserved": list, "survivors": list, "unattributed": list, "drained": list,
-        "drained_count": int,
-        "usage": dict,
+        "policy": str, "stop_signal": Optional[str],
+        "cleanup_s": float, "ladder": list, "containment": str, "cgroup": Optional[str],
+        "kept_cgroup": Optional[str], "cgroup_unavailable": Optional[str],
+        "user": Optional[dict], "preserved": list, "survivors": list,
+        "survivors_count": int, "unattributed": list, "drained": list,
+        "drained_count": int, "omitted": dict, "usage": Optional[dict],
     }
     return TypedDict("CleanupReceipt", fields)
 
@@ -356,7 +361,10 @@ def _openat2(dir_fd, path, flags, resolve):
 
 def _give_memory_back():
     """malloc_trim(0): compiling this file leaves the allocator ~5 MiB of
-    garbage it keeps; glibc gives it back to the system. Nothing elsewhere."""
+    garbage it keeps; glibc gives it back to the system. Nothing elsewhere.
+    Run as a script, CPython keeps the script's parse tree alive for as long
+    as the script runs (~9 MiB, not garbage): `python3 -m supervisor` and the
+    installed command import the module instead (cached bytecode, no tree)."""
     try:
         _libc().lib.malloc_trim(0)
     except (AttributeError, OSError):
@@ -567,13 +575,13 @@ class _ProcFS(object):
             self.openat2 = self._has_openat2()
             self._check_namespace()
             self._check_visibility()
+            # CONFIG_PROC_CHILDREN: where the kernel lists each thread's children,
+            # a look walks the run's tree; elsewhere it reads every process.
+            me = os.getpid()
+            self.has_children_files = self.read("%d/task/%d/children" % (me, me)) is not None
         except BaseException:
             self.close()
             raise
-        # CONFIG_PROC_CHILDREN: where the kernel lists each thread's children,
-        # a look walks the run's tree; elsewhere it reads every process.
-        me = os.getpid()
-        self.has_children_files = self.read("%d/task/%d/children" % (me, me)) is not None
 
     def _check_procfs(self):
         try:
@@ -928,11 +936,12 @@ class _Reaper(object):
     def __init__(self, children, callers):
         self.children, self.callers = children, callers
         self.command = None         # the command's pid, while it must stay unreaped
+        self.held = set()           # children a walk signals by pid (no pidfd): not yet
         self.next_list_reap, self.pending, self.next_due = 0.0, False, 0.0
 
     def reap(self, pid):
         """Reap pid if the rule allows and it has exited. Did it?"""
-        if pid == self.command or pid in self.callers.children:
+        if pid == self.command or pid in self.callers.children or pid in self.held:
             return False
         try:
             return os.waitpid(pid, os.WNOHANG)[0] != 0
@@ -1326,6 +1335,9 @@ class _ProcContainment(object):
     def started(self, pid):
         self.pid = self.pgid = pid
 
+    def join_before_stop(self, pid):
+        """The group made on both sides of the fork is all the walk needs."""
+
     def freeze(self):
         """SIGSTOP the group: no member can die and hand us its children, nor
         fork, while we look."""
@@ -1546,6 +1558,7 @@ class _ProcContainment(object):
         look = self._look(walk, endtime)
         # Items are (parent node, pid) to visit, or (node, None) to leave.
         stack = [(None, pid) for pid in reversed(look.own(endtime))]
+        handed_on = False
         try:
             while stack:
                 out_of_time = endtime is not None and _now() >= endtime
@@ -1558,17 +1571,21 @@ class _ProcContainment(object):
                     walk.stable = False  # the look is partial
                 else:
                     node = self._visit(parent, pid, scope, sig, walk, look)
+                    if node is not None and parent is None and node[1] is not None:
+                        self._hold_unpinned(node[1])
                     if node is not None:
                         stack.append((node, None))  # left, and its pin closed, whatever happens
                         children = look.children_of(node[0])
                         if careful and not self._still_there(node, look):
                             walk.stable = False  # it died: its children moved to a list read before
                         stack.extend((node, child) for child in reversed(children))
+            handed_on = kill  # only a kill walk hands its pins on, for waiting
         finally:
+            self.reaper.held.clear()
             for node, pid in stack:
                 if pid is None:
                     _closed(node[1])
-            if not kill:  # only a kill walk hands its pins on, for waiting
+            if not handed_on:
                 _close_pins(walk.pins)
                 walk.pins = []
         return walk
@@ -1581,12 +1598,21 @@ class _ProcContainment(object):
             return
         if kill and not self._in_group(proc):
             pin.send(signal.SIGKILL)
+        self.reaper.held.discard(proc.pid)
         if len(walk.pins) == _PIN_FD_HEADROOM:
             walk.wait_budget = self.budget.allowed(len(walk.pins) + 1)
         if len(walk.pins) < walk.wait_budget:
             walk.pins.append(pin)
         else:
             pin.close()
+
+    def _hold_unpinned(self, pin):
+        """A child of ours proven without a pidfd (a kernel before 5.3, a
+        seccomp filter, no descriptor left) is signalled by its pid, and its
+        children are proven by that pid being its parent: neither holds once
+        it is reaped. So the reaper leaves it until the walk has left it."""
+        if pin.fd is None:
+            self.reaper.held.add(pin.proc.pid)
 
     def _visit(self, parent, pid, scope, sig, walk, look):
         """Look at one process. None when it is gone, moved, inherited or one of
@@ -1620,6 +1646,8 @@ class _ProcContainment(object):
             self.record.saw(proc)
             if pin is not None and not self._in_group(proc):
                 pin.send(sig)
+                if sig != signal.SIGSTOP:  # stopped (by the command, say): act on it now
+                    pin.send(signal.SIGCONT)
             return (proc, pin, kept)
         return (proc, _closed(pin), kept)
 
@@ -1781,9 +1809,22 @@ class _Cgroup(object):
 
 
 def _subdirectories(dir_fd):
-    """The directories in dir_fd: the cgroups below one (a nested supervisor's)."""
-    return [name for name in os.listdir(dir_fd)
-            if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode & 0o170000 == 0o040000]
+    """The directories in dir_fd: the cgroups below one (a nested supervisor's),
+    less those removed between the listing and their stat. A cgroup holds
+    some twenty files: their types come with the listing where scandir takes
+    a descriptor (3.7+), not by a stat each."""
+    if os.scandir in os.supports_fd:
+        with os.scandir(dir_fd) as entries:  # on a copy of dir_fd, which it closes
+            return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    found = []
+    for name in os.listdir(dir_fd):
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            continue
+        if mode & 0o170000 == 0o040000:
+            found.append(name)
+    return found
 
 
 def _read_to_end(fd):
@@ -1816,10 +1857,13 @@ class _CgroupHome(object):
         else:
             raise OSError(errno.EEXIST, "no free cgroup name")
         try:
-            return self.open_existing(candidate)
+            cgroup = self.open_existing(candidate)
         except BaseException:
             os.rmdir(candidate, dir_fd=self.fd)
             raise
+        import fcntl
+        fcntl.flock(cgroup.fd, fcntl.LOCK_EX)  # ours while we live (see remove_leftovers)
+        return cgroup
 
     def open_existing(self, name):
         """The cgroup `name` below ours, held open."""
@@ -1849,21 +1893,27 @@ class _CgroupHome(object):
     def remove_leftovers(self):
         """Empty cgroups of supervisors that died (SIGKILL) before removing
         them: rmdir takes only an empty one, so a kept cgroup that still holds
-        what it keeps stays."""
+        what it keeps stays. A live supervisor holds a flock on each cgroup it
+        made: that, not the pid in the name (another PID namespace's, or
+        reused), says whether its maker is alive."""
+        import fcntl
         for name in _subdirectories(self.fd):
             parts = name.split("-")
-            if len(parts) == 3 and parts[0] == "treereap" and parts[1].isdigit():
-                try:
-                    os.kill(int(parts[1]), 0)
-                    continue  # its supervisor may be alive (or its pid reused): leave it
-                except ProcessLookupError:
-                    pass
-                except OSError:
-                    continue
-                try:
+            if not (len(parts) == 3 and parts[0] == "treereap" and parts[1].isdigit()):
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=self.fd)
+            except OSError:
+                continue  # removed meanwhile
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if time.time() - os.fstat(fd).st_mtime >= _LEFTOVER_MIN_AGE:
                     _remove_below(self.fd, name)
-                except OSError:
-                    pass  # not empty, or taken meanwhile
+            except OSError:
+                pass  # its maker is alive; or not empty, or taken meanwhile
+            finally:
+                os.close(fd)
 
     def close(self):
         if self.fd is not None:
@@ -1939,7 +1989,7 @@ def _judge_home(fd, directory, path):
                         "a child that holds processes" % (path, " ".join(
                             c.decode() for c in controllers)))
     if not os.access("cgroup.procs", os.W_OK, dir_fd=fd):
-        raise _NoCgroup("cannot write %s/cgroup.procs (no permission)" % directory)
+        raise _NoCgroup("cannot write %s/cgroup.procs (no permission)" % directory.rstrip("/"))
 
 
 def _check_not_managed(directory, path):
@@ -2080,11 +2130,15 @@ class _CgroupContainment(object):
 
     def started(self, pid):
         """The child joins the cgroup itself before its exec, so that nothing
-        it starts is ever outside; the parent moves it too, at once (as
-        setpgid is made on both sides), so that a stop decided before the
-        child got that far still finds the command in the cgroup. It has not
-        exec'd yet, or joined already: nothing of it can be left out."""
+        it starts is ever outside (see join_before_stop)."""
         self.walk.started(pid)
+
+    def join_before_stop(self, pid):
+        """A stop decided before the child's exec report came: it may not have
+        joined yet, so the parent moves it (as setpgid is made on both
+        sides). It has not exec'd yet, or joined already: nothing of it can
+        be left out. Only then: each move waits for an RCU grace period in
+        the kernel (~5 ms), at every start."""
         try:
             os.write(self.cgroup.procs_fd, str(pid).encode())
         except ProcessLookupError:
@@ -2117,6 +2171,10 @@ class _CgroupContainment(object):
         return roots
 
     def _move_to_kept(self, procs):
+        """Leaves first, each proven by a pidfd, and only from the run's own
+        cgroup: what a nested supervisor holds stays in its cgroup, below
+        ours (ended with ours, unless everything is kept; --end-kept ends it
+        then)."""
         if self.kept_cgroup is None:
             self.kept_cgroup = self.home.make_kept(self.cgroup)
         for proc in reversed(procs):  # leaves first
@@ -2124,7 +2182,9 @@ class _CgroupContainment(object):
             if fd is False:
                 continue
             try:
-                if self.cgroup.holds(self.fs.cgroup_of(proc.pid)):  # still ours: move it
+                # In the run's cgroup itself: a nested supervisor's cgroup is
+                # its own to end (moved out, its processes would escape it).
+                if self.fs.cgroup_of(proc.pid) == self.cgroup.path:
                     try:
                         self.kept_cgroup.write("cgroup.procs", str(proc.pid))
                     except ProcessLookupError:
@@ -2134,6 +2194,8 @@ class _CgroupContainment(object):
                     os.close(fd)
 
     def members(self, endtime):
+        if self.keeping == _KEEP_EVERYTHING:
+            return []  # a nested supervisor's cgroup, not moved, is kept too
         found = list(self._members(endtime).values())
         for proc in found:
             self.record.saw(proc)
@@ -2154,13 +2216,23 @@ class _CgroupContainment(object):
         """sig, and SIGCONT after it (so that a stopped process acts on it once
         thawed), to every process in the cgroup, each through a pidfd taken
         before /proc showed it in the cgroup: never a reused pid. One pidfd
-        at a time: a thousand members need no more descriptors than one."""
+        at a time: a thousand members need no more descriptors than one.
+        Where the kernel gives no pidfds, only what a pid proves: the group
+        (killpg), and our own children (see _signal_unpinned)."""
+        by_group = not self._pidfds_work()
+        if by_group:
+            for each in (sig, signal.SIGCONT):
+                if each:
+                    self.walk.signal_group(each)
         for pid in self.cgroup.procs():
             if endtime is not None and _now() >= endtime:
                 break
             fd = self.walk.budget.pidfd(pid)
-            if fd is False or fd is None:
-                continue  # gone; or no descriptor left: cgroup.kill reaches it anyway
+            if fd is False:
+                continue  # gone
+            if fd is None:
+                self._signal_unpinned(pid, sig, by_group)
+                continue
             pin = _Pin(None, fd)
             try:
                 if self.cgroup.holds(self.fs.cgroup_of(pid)):
@@ -2169,6 +2241,26 @@ class _CgroupContainment(object):
                     pin.send(signal.SIGCONT)
             finally:
                 pin.close()
+
+    def _pidfds_work(self):
+        """Does the kernel give pidfds (asked of the command's unreaped pid)?"""
+        fd = self.walk.budget.pidfd(self.walk.pid)
+        if fd:
+            os.close(fd)
+        return self.walk.budget.pidfds
+
+    def _signal_unpinned(self, pid, sig, by_group):
+        """No pidfd for pid (none at all, or no descriptor left): signalled by
+        its pid only if it is our child, unreaped (nothing reaps during a
+        signal), so the pid is its own; the group had killpg already. The
+        rest gets cgroup.kill when the grace ends."""
+        proc = self.fs.stat(pid)
+        if proc is None or proc.ppid != self.walk.me or (by_group and self.walk._in_group(proc)):
+            return
+        if self.cgroup.holds(self.fs.cgroup_of(pid)):
+            for each in (sig, signal.SIGCONT):
+                if each:
+                    _quietly_signal(pid, each)
 
     def thaw(self):
         self.cgroup.write("cgroup.freeze", "0")
@@ -2220,6 +2312,8 @@ class _CgroupContainment(object):
                 if p.pid != self.walk.pid and self.fs.cgroup_of(p.pid) == self.kept_cgroup.path]
 
     def last_look(self, endtime, preserved):
+        if self.keeping == _KEEP_EVERYTHING:
+            return []  # all of it kept, what a nested supervisor holds too
         left = list(self._members(endtime).values())
         if self.escapes_possible:
             self.walk.refresh_kept(self._kept_path(), endtime)
@@ -3169,6 +3263,11 @@ class _ExecReport(object):
     def fileno(self):
         return self.fd
 
+    @property
+    def pending(self):
+        """Not read to EOF yet: the child may not have reached its exec."""
+        return self.fd is not None
+
     def read(self, block):
         """Read what is there; with block, to EOF (the caller knows the child is
         gone, so the only write end is closed)."""
@@ -3405,6 +3504,8 @@ def _supervise_started(run):
             return
         keep = _keep_what(run)
         if run.stop_reason is not None:
+            if run.report.pending:
+                run.containment.join_before_stop(run.pid)
             _take_the_cpu(run)
             _say(run, "stopping the run: %s; %s" % (_why_stopped(run), _first_signal(run)))
             endtime = _enter(run, "terminating")
@@ -4007,7 +4108,9 @@ class _ReceiptTarget(object):
                                                  errno.EINVAL, errno.ENOENT):
                 raise _path_error(e, self.path)
         # No O_TMPFILE here: prove now that a named temporary can be made.
-        self._unlink(self._create_named()[0])
+        name, fd = self._create_named()
+        os.close(fd)
+        self._unlink(name)
         return None
 
     def _temporary_names(self):
@@ -4019,7 +4122,9 @@ class _ReceiptTarget(object):
             yield ".%s.%s-%s.tmp" % (self.name, self.writer, os.urandom(8).hex())
 
     def _remove_leftovers(self):
-        """Temporary files of earlier writers of this receipt that died."""
+        """Temporary files of earlier writers of this receipt that died: regular
+        files of ours only (a FIFO or a symlink under such a name was planted,
+        not left by a writer)."""
         prefix, suffix = "." + self.name + ".", ".tmp"
         try:
             names = os.listdir(self.dir_fd)
@@ -4029,8 +4134,16 @@ class _ReceiptTarget(object):
             if name.startswith(prefix) and name.endswith(suffix):
                 writer = name[len(prefix):-len(suffix)].partition("-")[0]
                 pid, _, start = writer.partition(".")
-                if pid.isdigit() and start.isdigit() and _start_time(int(pid)) != int(start):
+                if (pid.isdigit() and start.isdigit() and _start_time(int(pid)) != int(start)
+                        and self._ours_and_regular(name)):
                     self._unlink(name)
+
+    def _ours_and_regular(self, name):
+        try:
+            st = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return st.st_mode & 0o170000 == 0o100000 and st.st_uid == os.geteuid()
 
     def _create_named(self):
         """A temporary file under a random name (O_EXCL: never one planted)."""
@@ -4378,7 +4491,7 @@ def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
     Returns (all gone: bool, one line saying what was done)."""
     fs = _ProcFS()
     try:
-        roots, left_alone = _kept_roots(fs, receipt.get("preserved") or [])
+        roots, exited, left_alone = _kept_roots(fs, receipt.get("preserved") or [])
         try:
             endtime = _now() + _check_seconds(cleanup_timeout, "cleanup_timeout")
             done, ended, note = _end_kept_cgroup(fs, receipt, roots, endtime)
@@ -4389,6 +4502,14 @@ def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
             _close_pins(roots)
     finally:
         fs.close()
+    if not receipt.get("kept_cgroup") and (exited or left_alone):
+        # What a kept process that exited started went to init: no cgroup
+        # holds it, no pid leads there. Nothing can be said of it.
+        done = False
+        if exited:
+            note = (note + "; " if note else "") + (
+                "%s exited before: what it started cannot be found without a cgroup"
+                % ", ".join(str(pid) for pid in exited))
     words = ["ended %d process(es)" % ended] + ([note] if note else []) + [
         "left alone: %s" % ", ".join(left_alone)] * bool(left_alone)
     return done, ("all kept processes are gone: " if done else "NOT all gone: ") + "; ".join(words)
@@ -4405,8 +4526,8 @@ class _RootPin(_Pin):
 def _kept_roots(fs, entries):
     """Pins on the receipt's kept processes that are still those processes:
     pinned first, then their start time read (a pid reused since cannot
-    pass)."""
-    roots, left_alone = [], []
+    pass); the pids of those that exited; and what was left alone."""
+    roots, exited, left_alone = [], [], []
     for entry in entries:
         pid, start = entry.get("pid"), entry.get("start_time")
         if not isinstance(pid, int) or not isinstance(start, int) or pid <= 1:
@@ -4415,20 +4536,22 @@ def _kept_roots(fs, entries):
         try:
             fd = _pidfd_open(pid)
         except ProcessLookupError:
-            continue  # gone already
+            exited.append(pid)
+            continue
         if fd is None:
             raise SupervisorError("--end-kept needs pidfds (Linux 5.3) to prove a pid is the "
                                   "kept process")
         proc = fs.stat(pid)
         if proc is None or not proc.live or _readable(fd):
             os.close(fd)
+            exited.append(pid)
             continue
         if proc.start != start:
             os.close(fd)
             left_alone.append("%d (start time %d, not the receipt's %d)" % (pid, proc.start, start))
             continue
         roots.append(_RootPin(proc, fd))
-    return roots, left_alone
+    return roots, exited, left_alone
 
 
 _KEPT_CGROUP_NAME = "treereap-"
@@ -4471,10 +4594,37 @@ def _end_kept_cgroup(fs, receipt, roots, endtime):
         emptied = _wait_events(cgroup, "populated", "0", endtime)
         if emptied:
             home.remove(cgroup)
-        return emptied, len(members), None if emptied else "kept_cgroup %s is not empty" % path
+        done, count = _end_run_cgroup_left(home, run_name, endtime)
+        note = None if emptied else "kept_cgroup %s is not empty" % path
+        if not done:
+            note = (note + "; " if note else "") + "cgroup %s is not empty" % receipt["cgroup"]
+        return emptied and done, len(members) + count, note
     finally:
         cgroup.close()
         home.close()
+
+
+def _end_run_cgroup_left(home, name, endtime):
+    """The run's cgroup outlives its supervisor when a nested supervisor's
+    cgroup below it still held processes (everything kept): end it too, but
+    only once no supervisor holds it (its flock: see remove_leftovers), so
+    that a receipt naming a live run's cgroup ends nothing. (done, count)"""
+    import fcntl
+    try:
+        cgroup = home.open_existing(name)
+    except OSError as e:
+        return e.errno == errno.ENOENT, 0
+    try:
+        try:
+            fcntl.flock(cgroup.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False, 0  # its supervisor is alive
+        count = len(cgroup.procs())
+        cgroup.write("cgroup.kill", "1")
+        emptied = _wait_events(cgroup, "populated", "0", endtime)
+        return (home.remove(cgroup) or emptied), count
+    finally:
+        cgroup.close()
 
 
 def _wait_events(cgroup, key, value, endtime):
@@ -4741,9 +4891,7 @@ def _parse_args(argv):
         if arg in ("-h", "--help", "--version"):
             options.show = "version" if arg == "--version" else "help"
             return options
-        name, has_value, value = arg.partition("=")
-        if not name.startswith("--") and len(arg) > 2:  # -kVALUE, -sKILL
-            name, has_value, value = arg[:2], True, arg[2:]
+        name, has_value, value = _split_option(arg)
         if name in _REFUSED:
             raise UsageError(_REFUSED[name])
         if name not in _OPTIONS:
@@ -4779,17 +4927,29 @@ def _set_flag(options, name, attribute, kind):
     options.policy, options.policy_option = kind, name
 
 
+def _split_option(arg):
+    """--name=VALUE, --name, -kVALUE, -k: (name, has_value, value)."""
+    name, has_value, value = arg.partition("=")
+    if not name.startswith("--") and len(arg) > 2:  # -kVALUE, -sKILL
+        return arg[:2], True, arg[2:]
+    return name, bool(has_value), value
+
+
 def _receipt_path_in(argv):
-    """The --receipt path in argv, found however the rest is malformed: a
-    refusal must remove the earlier receipt too (see main)."""
-    found = None
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            break
-        if arg == "--receipt" and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif arg.startswith("--receipt="):
-            found = arg[len("--receipt="):]
+    """The --receipt path in argv, found however the rest is malformed (a
+    refusal must remove the earlier receipt too, see main), and only among
+    the supervisor's own options: the command's arguments start where
+    _parse_args starts them, and a --receipt there belongs to the command."""
+    found, i = None, 0
+    while i < len(argv) and argv[i] != "--" and argv[i].startswith("-") and argv[i] != "-":
+        name, has_value, value = _split_option(argv[i])
+        takes_value = name in _OPTIONS and _OPTIONS[name][1] not in ("flag",) + POLICIES
+        if takes_value and not has_value:
+            i += 1
+            value = argv[i] if i < len(argv) else None
+        if name == "--receipt":
+            found = value
+        i += 1
     return found or None
 
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""bench.py: measure supervisor.py against the performance targets P1-P12.
+"""bench.py: measure supervisor.py against the performance targets P1-P14.
 
     python3 scripts/bench.py [--python PATH] [--json PATH] [--pairs N] [--quick]
                              [--pairs-big N] [--only P1,P6,...]
 
-Takes ~4 minutes on two vCPUs (--quick: ~2). --only runs some groups, for
+Takes ~8 minutes on two vCPUs (--quick: ~4). --only runs some groups, for
 development. Under a pyenv shim the bench may run as the shim's child: to
 stop it, Ctrl-C (the whole foreground group) or signal the bench's own pid.
 
@@ -17,6 +17,22 @@ Durations come from time.perf_counter / time.monotonic; CPU time from the
 first field of /proc/PID/schedstat (ns on CPU, still readable while the
 process is a zombie, which the bench checks at start).
 
+Containments. supervisor.py 2.x holds a run in a cgroup v2 of its own where
+it can make one (--containment auto, the default), else by the /proc walk
+(--containment proc: receipt "children"; with SUPERVISOR_CONTAINMENT=scan
+as well, the walk by full scans of /proc: receipt "scan"). A row whose name
+does not say otherwise runs the default, and its text ends in [the
+containment its receipts gave]; rows without a receipt (P1, P2, P5, P9a,
+P10a, P10c) say what auto chose in the probe the bench runs first
+(`--timeout 600 -- true` with a receipt). The probe also tells whether
+--containment cgroup works, on the host and in the PID namespace of P12 and
+P13 (rows that need it are skipped with a note where it does not), and
+whether setpriv can take CAP_SYS_NICE away (P12-nonice-load). No run
+inherits SUPERVISOR_CONTAINMENT from the bench's caller. The policy is the
+default, drain-all: the stop signal goes to every process of the run, and a
+stop that had to SIGKILL the command exits 137 (as timeout(1)), else 124 at
+a deadline or stop file, 128+N at signal N; each run's status is checked.
+
 How each row is measured
   P1  startup: wall time (posix_spawn to waitpid) of
       `PY supervisor.py --timeout 600 -- true` vs `PY -c pass`; and the same
@@ -26,6 +42,9 @@ How each row is measured
       bench's own interpreter (10 times after one dropped; median, min in the
       JSON), its share of the P1 difference (compile ms / P1 diff ms, the
       diff/ratio column), and the file's line count.
+      P1-m: `PY -m supervisor` (PYTHONPATH its directory) vs `PY -c pass`:
+      the import system loads the bytecode it cached (a warm-up pair writes
+      it), so no parse at start. Checked: difference of the medians <= 15 ms.
   P2  command exit -> supervisor exit, the issue's definition:
       median(`-- sleep 0.2`) - median(`-- true`) - 200 ms. P2b, the same
       thing measured directly: the command writes time.monotonic() and exits
@@ -39,8 +58,9 @@ How each row is measured
       notes time.monotonic() and creates the stop file in a directory under
       the temporary directory (its filesystem type is reported).
       Both P3 and P4 see the SIGTERM when it is delivered, i.e. after the
-      supervisor's SIGCONT (it stops the group, scans /proc, then sends
-      SIGTERM and SIGCONT): the latency includes that scan.
+      supervisor's thaw (it freezes the run's cgroup, or stops the group
+      and walks /proc, then sends SIGTERM and thaws or SIGCONTs): the
+      latency includes that look.
   P4b info: the same runs, stop file -> the supervisor's exit (the helper
       exits at its SIGTERM): what a controller waiting for the exit waits.
   P5  idle CPU: ~30 supervisors `--timeout 600 --stop-file F -- sleep 60` and
@@ -58,7 +78,7 @@ How each row is measured
       returned; before the receipt write and the interpreter's exit).
   P7  the same with SIGTERM ignored, --cleanup-timeout 0.2 (the grace); the
       yardstick sends SIGKILL after the same 0.2 s. Checked: median - grace
-      against the P6 target.
+      against the P6 target. The command is SIGKILLed too: exit 137.
   P8  supervisor CPU from the stop decision to its exit in the P6 N=1000
       runs: schedstat just before SIGTERM and on its zombie (not wait4's
       rusage, which adds the CPU of the children it reaped).
@@ -75,44 +95,121 @@ How each row is measured
       `PY -c "import time; time.sleep(1)"` running at the same time. Not
       wait4's ru_maxrss: it adds the children's peaks, and posix_spawn's
       vfork-style child hands the bench's own peak to the exec'd process.
+      P10c idle RSS: VmRSS of `PY supervisor.py --timeout 600 -- sleep 60`
+      and of the bare `PY -c "import time; time.sleep(60)"`, started side by
+      side (which one first alternates), both read at the same moment, 0.5 s
+      after the supervisor's command runs (its children file names it): the
+      supervisor has settled (it gives the allocator's free memory back with
+      malloc_trim(0) before the fork). Both are then stopped with SIGTERM
+      (the supervisor's exit 143 is checked). max(pairs-big, pairs / 2)
+      pairs after one dropped. Checked: difference of the medians <= 4.5 MiB.
+      P10c-m: the same for `PY -m supervisor`. A script's parse tree stays
+      alive while it runs (CPython frees it when the script's code returns):
+      ~9 MiB for supervisor.py on 3.11, which malloc_trim cannot give back;
+      imported, the module's parse tree is freed once compiled.
   P11 crowded host: the P6 stop of N=100 (SIGTERM -> exit, and the
       supervisor's CPU as in P8), on the quiet host and with P9's 5,000
       sleeps present (the bench's children, not the supervisor's). Starting
       them takes seconds, so the pairs are of blocks, ordered ABBA (quiet,
       crowded | crowded, quiet | ...; 12 blocks, --quick 4), ~pairs runs a
       side (ceil(pairs / 6) a block; --quick: pairs / 2): the sleeps start
-      and stop once per two blocks. In every block the default walk
-      (SUPERVISOR_CONTAINMENT unset, receipt "children") and the fallback
-      (=scan, receipt "scan") alternate, and the block's first run of each
-      is dropped. Checked, for the walk: crowded/quiet ratio of the medians
-      <= 1.5, of the CPU (P11a) and of the wall time (P11b). P11a-scan and
-      P11b-scan (info): the same ratios for the scan, which reads every
-      process on the host and is expected to miss.
+      and stop once per two blocks. In every block the three containments
+      take turns, each going first in turn: --containment proc (the walk by
+      children files, receipt "children"), --containment cgroup (receipt
+      "cgroup"; left out, with a note, where the probe found no cgroup) and
+      --containment proc with SUPERVISOR_CONTAINMENT=scan (receipt "scan");
+      the block's first run of each is dropped. Checked, for the walk and
+      for the cgroup: crowded/quiet ratio of the medians <= 1.5, of the CPU
+      (P11a, P11a-cgroup) and of the wall time (P11b, P11b-cgroup).
+      P11a-scan and P11b-scan (info): the same ratios for the scan, which
+      reads every process on the host and is expected to miss.
   P12 storm: `PY respawner.py tree 8 0.002 4000` (tests/helpers; 255
       processes, each in a session of its own, the 128 leaves replacing
       themselves every 2 ms), under `--timeout 1 --cleanup-timeout 2`; as
       root inside `unshare --pid --fork --mount-proc` (the supervisor is PID 1
       of a namespace of its own: nothing escapes, and the namespace dies with
       it), else directly (the sweep reaps and kills by pid what is left).
-      min(pairs-big, 5) runs (--quick 3), no warm-up: every run counts.
-      Checked: cleanup_confirmed in every run and the receipt's duration_s
-      <= timeout + 3 x cleanup + 2 s = 9 s in every run (the max). The JSON
-      gives the medians of the ladder's steps and the bench's wall time;
-      P12-drain (info) the receipt's draining step. A run still going after
-      30 s is killed, and the row stops there (a miss). The storm runs
-      without -I -S, as the tests run it: under -I -S the interpreter is
-      smaller and forks about twice as fast, a harsher storm.
+      Six variants, min(pairs-big, 5) runs each (--quick 3), no warm-up:
+      every run counts; the variants are interleaved (one run of each per
+      round, each going first in turn):
+        P12              the default containment, quiet. Checked:
+                         cleanup_confirmed in every run and the receipt's
+                         duration_s <= timeout + 3 x cleanup + 2 s = 9 s in
+                         every run (the max). P12-drain (info): its
+                         receipts' draining step.
+        P12-cgroup       --containment cgroup, quiet;
+        P12-cgroup-load  the same with two busy loops beside it. Checked:
+                         cleanup_confirmed in every run and the receipt's
+                         draining step <= 1 s in every run (the max).
+        P12-proc         --containment proc (children files), quiet;
+        P12-proc-load    the same, loaded. Info: the walk is a race for the
+                         CPU with the respawning leaves; the number of runs
+                         confirmed is the figure (in the target column).
+        P12-nonice-load  --containment cgroup, loaded, with CAP_SYS_NICE
+                         dropped: `setpriv --bounding-set -sys_nice
+                         --inh-caps -sys_nice` in front of the supervisor
+                         (root only; inside the namespace). Info: what the
+                         nice -20 of a stop still gives with a cgroup; the
+                         yardstick is P12-cgroup-load's draining step.
+      The cgroup variants are skipped, with a note, where the probe found
+      no cgroup in the namespace. Loaded: BUSY_LOOPS = 2 `PY -c "while 1:
+      pass"`, the bench's children in a process group of their own, outside
+      the run, started when the storm says READY (or at the deadline if it
+      never does: under the loops from the start it mostly is not READY by
+      then, and its root, which ignores SIGTERM only once READY, dies at the
+      first signal) and killed by their group, and reaped, after the run.
+      Each row's samples are the receipts' draining step (ms; P12: the
+      duration_s), its text gives the median duration_s, its target column
+      the runs confirmed out of those planned. The exit status is 137 when
+      the storm was READY (its root ignores SIGTERM: it is SIGKILLed) and
+      124 when the deadline came first (125, the cleanup not confirmed, is
+      accepted from the proc variants only); runs that ended before READY
+      are counted in a note. The JSON gives each variant's durations, draining
+      steps, exit statuses, READY runs, when the loops started, the medians
+      of the ladder's steps and the bench's wall time. A run still going
+      after 30 s is killed, and that variant stops there (a miss). The storm
+      runs without -I -S, as the tests run it: under -I -S the interpreter
+      is smaller and forks about twice as fast, a harsher storm.
+  P13 many sessions: a forced stop of 5,000 processes, each in a session of
+      its own with SIGTERM ignored: a helper the bench writes forks 5,000
+      children that setsid(), ignore SIGTERM and exec `sleep 600`, and says
+      "READY" once all have exec'd; in the PID namespace as P12 when root.
+      Default --cleanup-timeout (10 s), stopped by a stop file after READY:
+      the grace runs out, then SIGKILL and the drain. For P13-children
+      (--containment proc), P13-scan (the same, SUPERVISOR_CONTAINMENT=scan)
+      and P13-cgroup (--containment cgroup; skipped, with a note, without
+      one); 2 runs each, --quick 1, interleaved. Checked: cleanup_confirmed
+      and the receipt's draining step <= 10 s (the default budget) in every
+      run. The text gives the median duration_s; the JSON the ladder's steps
+      and stop file -> exit. The bench reads the 5,000 pids and start times
+      below the helper before the stop; after the run any of them still
+      alive (none can be, in the namespace) is noted and killed by its
+      process group (each leads its own), then reaped. A run still going
+      50 s after the stop file is killed (a miss).
+  P14 receipt at its cap: the command (a helper the bench writes) starts
+      1,000 `sh -c 'sleep 600; :' x A1..A10`, each argument 7,000 bytes
+      (about 70 KB of argv each; sh keeps its argv, as it has work after the
+      sleep, and forks the sleep), says "READY" once all have exec'd sh, and
+      is stopped by a stop file: 2,001 processes to drain, 1,000 with long
+      argv, whose receipt the supervisor cuts to its cap. 5 runs (--quick 2)
+      after one dropped. P14-size (a check): the receipt's size, max <= 1 MiB.
+      P14: the receipt's ended_at (the cleanup is over; wall clock, us) ->
+      the bench's waitid seeing the supervisor's exit (time.time()): the
+      receipt's building, write and fsync, and the interpreter's exit. Checked:
+      max <= 1 s, a small part of exec_timeout()'s 30 s of slack. The JSON
+      gives the sizes in bytes, drained_count, what `omitted` dropped, and
+      stop file -> exit.
   ref rows: GNU timeout / tini, when on PATH, for P1, P2 and P6 (timeout and
       tini exit when their child exits: they do not wait for the tree).
 
 Rows with N=1000 use fewer pairs (--pairs-big) to stay within ~5 minutes on
-two cores; the table's N column says how many (P11: runs a side, P12: runs
-with a receipt). Everything the bench starts is its own child or is adopted
-by it (it is a child subreaper; a P12 storm in its PID namespace dies with
-the namespace); at the end, and on Ctrl-C or an error, it kills its
-remaining children by pid (unreaped, so the pid is still theirs) and the
-5,000 sleeps by their process group, reaps everything, and removes its
-temporary directory.
+two cores; the table's N column says how many (P11: runs a side, P12-P14:
+runs with a receipt). Everything the bench starts is its own child or is
+adopted by it (it is a child subreaper; a P12 storm or the P13 sleeps in
+their PID namespace die with the namespace); at the end, and on Ctrl-C or
+an error, it kills its remaining children by pid (unreaped, so the pid is
+still theirs), the 5,000 sleeps and the busy loops by their process
+groups, reaps everything, and removes its temporary directory.
 
 Exit status: 0 every checked row passed, 1 some row missed its target,
 2 the bench failed or was refused, 130 interrupted.
@@ -135,6 +232,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUPERVISOR = os.path.join(ROOT, "supervisor.py")
+# `PY -m supervisor`, its directory on PYTHONPATH: the import system loads the
+# cached bytecode (__pycache__) instead of parsing the file at every start,
+# and drops the parse tree, which CPython keeps for a script while it runs.
+MODULE = "supervisor"
 PR_SET_CHILD_SUBREAPER = 36
 GRACE = 0.2            # P7: --cleanup-timeout, and the yardstick's SIGTERM -> SIGKILL wait
 P3_TIMEOUT = 0.2       # P3: the deadline
@@ -474,10 +575,10 @@ class Bench(object):
             kwargs["setpgroup"] = pgroup
         return os.posix_spawn(path, argv, self.env if env is None else env, **kwargs)
 
-    def timed_run(self, argv):
+    def timed_run(self, argv, env=None):
         """Wall seconds of one whole process, and its wait status."""
         t0 = time.perf_counter()
-        pid = self.spawn(argv)
+        pid = self.spawn(argv, env=env)
         _, status = os.waitpid(pid, 0)
         return time.perf_counter() - t0, status
 
@@ -623,17 +724,24 @@ class Bench(object):
                 b.append(x)
         return a, b
 
-    def wall_pairs(self, argv_a, argv_b, expect_a=0, expect_b=0):
+    def module_env(self):
+        """The environment for `PY -m supervisor`: its directory first on
+        sys.path, and bytecode written to __pycache__ (the first run caches it)."""
+        env = dict((k, v) for k, v in self.env.items() if k != "PYTHONDONTWRITEBYTECODE")
+        env["PYTHONPATH"] = ROOT
+        return env
+
+    def wall_pairs(self, argv_a, argv_b, expect_a=0, expect_b=0, env_a=None):
         """Wall ms of two commands, interleaved; their exit statuses checked."""
-        def runner(argv, expect):
+        def runner(argv, expect, env=None):
             def run():
-                seconds, status = self.timed_run(argv)
+                seconds, status = self.timed_run(argv, env)
                 if exit_code(status) != expect:
                     self.note("%s exited %d, expected %d" % (
                         " ".join(argv[-3:]), exit_code(status), expect))
                 return seconds * 1000
             return run
-        return self.paired(runner(argv_a, expect_a), runner(argv_b, expect_b), self.pairs)
+        return self.paired(runner(argv_a, expect_a, env_a), runner(argv_b, expect_b), self.pairs)
 
     # P1 ---------------------------------------------------------------------------------------
 
@@ -651,6 +759,12 @@ class Bench(object):
                          sup_ms, "ms", "diff <= %g ms" % limit, diff, limit, yard=bare_ms,
                          extra={"paired_diff_median": median([s - b for s, b in zip(sup_ms, bare_ms)])})
         self.p1_compile_share(diffs)
+        sup = [self.py, "-m", MODULE, "--timeout", "600", "--", "true"]
+        sup_ms, bare_ms = self.wall_pairs(sup, [self.py, "-c", "pass"], env_a=self.module_env())
+        diff = median(sup_ms) - median(bare_ms)
+        self.add_row("P1-m", "startup -m supervisor -- true (cached bytecode), over PY -c pass%s"
+                     % self.contained(None), sup_ms, "ms", "diff <= 15 ms", diff, 15.0,
+                     yard=bare_ms)
         true = shutil.which("true")
         for name, prefix in reference_tools():
             tool_ms, true_ms = self.wall_pairs(prefix + [true], [true])
@@ -1187,17 +1301,21 @@ class Bench(object):
                          extra={"yardstick_note": "VmHWM of PY -c 'import time; time.sleep(1)'"})
         self.p10_idle_rss()
 
-    def idle_rss_pair(self, supervisor_first):
-        """P10c, one pair: the supervisor's `-- sleep 60` and the bare
-        interpreter started side by side (in the given order); VmRSS of each
-        (KiB) IDLE_RSS_SETTLE s after the supervisor's command runs."""
+    def idle_rss_pair(self, supervisor_first, as_module=False):
+        """P10c, one pair: the supervisor's `-- sleep 60` (as a script, or with
+        as_module as `PY -m supervisor`) and the bare interpreter started side
+        by side (in the given order); VmRSS of each (KiB) IDLE_RSS_SETTLE s
+        after the supervisor's command runs."""
         sup_argv = self.supervisor(["--timeout", "600"], ["sleep", "60"], receipt=False)[0]
+        if as_module:
+            sup_argv = [self.py, "-m", MODULE] + sup_argv[2:]
         bare_argv = [self.py, "-c", "import time; time.sleep(60)"]
         pids = {}
         try:
             for key, argv in ((("sup", sup_argv), ("bare", bare_argv)) if supervisor_first
                               else (("bare", bare_argv), ("sup", sup_argv))):
-                pids[key] = self.spawn(argv)
+                pids[key] = self.spawn(argv, env=self.module_env() if key == "sup" and as_module
+                                       else None)
             sup = pids["sup"]
             deadline = time.monotonic() + READY_TIMEOUT
             while not read_text("/proc/%d/task/%d/children" % (sup, sup)):
@@ -1225,13 +1343,18 @@ class Bench(object):
     def p10_idle_rss(self):
         count = max(self.pairs_big, self.pairs // 2)
         progress("P10c idle RSS, %d pairs" % count)
+        for as_module, row, how in ((False, "P10c", "PY supervisor.py"),
+                                    (True, "P10c-m", "PY -m supervisor")):
+            self._p10_idle_rss_row(count, as_module, row, how)
+
+    def _p10_idle_rss_row(self, count, as_module, row, how):
         # One warm-up pair dropped; which side starts first alternates.
-        pairs = [self.idle_rss_pair(i % 2 == 0) for i in range(count + 1)][1:]
+        pairs = [self.idle_rss_pair(i % 2 == 0, as_module) for i in range(count + 1)][1:]
         mib = 1024.0
         sup, bare = [p[0] / mib for p in pairs], [p[1] / mib for p in pairs]
         diff = median(sup) - median(bare)
-        self.add_row("P10c", "idle RSS, -- sleep 60 (VmRSS %g s after the command runs), "
-                     "over bare PY%s" % (IDLE_RSS_SETTLE, self.contained(None)), sup, "MiB",
+        self.add_row(row, "idle RSS, %s -- sleep 60 (VmRSS %g s after the command runs), "
+                     "over bare PY%s" % (how, IDLE_RSS_SETTLE, self.contained(None)), sup, "MiB",
                      "diff <= %g MiB" % IDLE_RSS_LIMIT, diff, IDLE_RSS_LIMIT, yard=bare,
                      extra={"per_pair_diff_mib": [round(a - b, 4) for a, b in zip(sup, bare)],
                             "settle_s": IDLE_RSS_SETTLE,
@@ -1250,7 +1373,7 @@ class Bench(object):
         per_block = max(1, -(-self.pairs // rounds))  # ceil(pairs / rounds)
         kinds = ("children", "scan")
         if self.cgroup_why_not.get(False) is None:
-            kinds = ("cgroup",) + kinds
+            kinds = ("children", "cgroup", "scan")
         else:
             self.note("P11: no cgroup rows: %s" % self.cgroup_why_not[False])
         progress("P11 forced stop N=%d, quiet vs %d more processes: %d blocks of %d runs each "
@@ -1378,9 +1501,11 @@ class Bench(object):
     def storm_run(self, row, i, containment, loaded, before=()):
         """One storm under the supervisor (in the PID namespace, when there is
         one; `before`: argv in front of the supervisor, such as setpriv),
-        with BUSY_LOOPS busy loops beside it when loaded: its receipt (None if
-        unreadable), the bench's wall seconds (to ~10 ms), the exit status,
-        its READY line, and whether it had to be killed at STORM_ABORT."""
+        with BUSY_LOOPS busy loops beside it when loaded, from the storm's
+        READY (or the deadline, if that comes first) to the end of the run:
+        its receipt (None if unreadable), the bench's wall seconds (to
+        ~10 ms), the exit status, its READY line, whether it had to be
+        killed at STORM_ABORT, and when the loops started (s, or None)."""
         prefix = self.ns_prefix
         options, env = self.containment_env(containment)
         argv, receipt_path = self.supervisor(
@@ -1389,16 +1514,21 @@ class Bench(object):
         context = "%s run %d" % (row, i)
         ready_path = os.path.join(self.out, "p12-%d" % self.run_id)
         fd = os.open(ready_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        aborted = False
+        aborted, loaded_at = False, None
         try:
-            if loaded:
-                self.start_loops()
             try:
                 t0 = time.perf_counter()
                 pid = self.spawn((prefix or []) + list(before) + argv, stdout=fd, env=env)
             finally:
                 os.close(fd)
             while not has_exited(pid):  # polled: a storm that wins must not hang the bench
+                # The loops load the stop, not the storm's growth (under them it
+                # is often not READY by the deadline, and then its root obeys).
+                if loaded and loaded_at is None and (
+                        time.perf_counter() - t0 >= STORM_TIMEOUT
+                        or "READY" in (read_text(ready_path) or "")):
+                    self.start_loops()
+                    loaded_at = time.perf_counter() - t0
                 if time.perf_counter() - t0 > STORM_ABORT:
                     # Our unreaped child (unshare or the supervisor). In a namespace
                     # its PID 1, the supervisor, comes to us and the sweep kills it.
@@ -1429,7 +1559,8 @@ class Bench(object):
                 " or ".join(map(str, expected["exit_status"]))))
         ready = (read_text(ready_path) or "").strip()
         os.unlink(ready_path)
-        return {"receipt": receipt, "wall": wall, "exit": code, "ready": ready, "aborted": aborted}
+        return {"receipt": receipt, "wall": wall, "exit": code, "ready": ready, "aborted": aborted,
+                "loaded_at": loaded_at}
 
     def p12_storm(self):
         if not os.path.exists(RESPAWNER):
@@ -1468,7 +1599,7 @@ class Bench(object):
                 steps.setdefault(step["step"], []).append(step["duration_s"])
             draining = [s["duration_s"] for s in rc.get("ladder") or [] if s["step"] == "draining"]
             if draining:
-                drains.append(draining[0])
+                drains.append(draining[0] * 1000)
             else:
                 self.note("%s: a run without a draining step in the receipt's ladder" % row)
         lines = [r["ready"] for r in runs]
@@ -1487,8 +1618,10 @@ class Bench(object):
                 "exit_statuses": [r["exit"] for r in runs],
                 "duration_s": durations, "duration_s_median": median(durations),
                 "duration_s_max": max(durations) if whole else float("nan"),
-                "draining_s": drains, "draining_s_median": median(drains),
-                "draining_s_max": max(drains) if whole and len(drains) == count else float("nan"),
+                "draining_ms": drains, "draining_ms_median": median(drains),
+                "draining_ms_max": max(drains) if whole and len(drains) == count else float("nan"),
+                "loops_started_s": [None if r["loaded_at"] is None else round(r["loaded_at"], 3)
+                                    for r in runs],
                 "wall_s": [round(r["wall"], 4) for r in runs],
                 "wall_s_median": median([r["wall"] for r in runs]),
                 "step_duration_s_medians": dict((k, median(v)) for k, v in steps.items()),
@@ -1504,7 +1637,7 @@ class Bench(object):
                      options="%s--timeout %g --cleanup-timeout %g" % (
                          "" if containment is None else " ".join(self.containment_env(
                              containment)[0]) + " ", STORM_TIMEOUT, STORM_CLEANUP))
-        confirmed, drains = s["confirmed_runs"], s["draining_s"] or [float("nan")]
+        confirmed, drains = s["confirmed_runs"], s["draining_ms"] or [float("nan")]
         how = "%s%s" % ("loaded (%d busy loops)" % BUSY_LOOPS if loaded else "quiet",
                         "" if nice else ", no CAP_SYS_NICE")
         if row == "P12":
@@ -1517,26 +1650,26 @@ class Bench(object):
                          "%d/%d confirmed, max <= %g s" % (confirmed, count, STORM_BOUND),
                          s["duration_s_max"], STORM_BOUND, passed=passed, extra=extra)
             self.add_row("P12-drain", "storm: the receipt's draining step (info)%s"
-                         % self.contained(row), drains, "s", "info", None,
+                         % self.contained(row), drains, "ms", "info", None,
                          extra={"runs": s["runs"], "confirmed_runs": confirmed,
                                 "pid_namespace": self.ns_prefix is not None})
             return
         what = "storm%s, %s: draining step (duration_s median %.2f s)" % (
             self.contained(row), how, s["duration_s_median"])
+        limit = STORM_DRAIN_LIMIT * 1000
         if containment == "cgroup" and nice:
-            passed = confirmed == count and s["draining_s_max"] <= STORM_DRAIN_LIMIT
-            extra["draining_limit_s"] = STORM_DRAIN_LIMIT
-            self.add_row(row, what, drains, "s", "%d/%d confirmed, max <= %g s" % (
-                confirmed, count, STORM_DRAIN_LIMIT), s["draining_s_max"], STORM_DRAIN_LIMIT,
-                passed=passed, extra=extra)
+            passed = confirmed == count and s["draining_ms_max"] <= limit
+            extra["draining_limit_ms"] = limit
+            self.add_row(row, what, drains, "ms", "%d/%d confirmed, max <= %g ms" % (
+                confirmed, count, limit), s["draining_ms_max"], limit, passed=passed, extra=extra)
         elif containment == "cgroup":
             # Without CAP_SYS_NICE: against the same storm with it, loaded too.
-            yard = summaries.get("P12-cgroup-load", {}).get("draining_s") or None
+            yard = summaries.get("P12-cgroup-load", {}).get("draining_ms") or None
             extra["yardstick_note"] = "P12-cgroup-load's draining step (with CAP_SYS_NICE), same run"
-            self.add_row(row, what, drains, "s", "info: %d/%d confirmed" % (confirmed, count),
+            self.add_row(row, what, drains, "ms", "info: %d/%d confirmed" % (confirmed, count),
                          None, yard=yard, extra=extra)
         else:
-            self.add_row(row, what, drains, "s", "info: %d/%d confirmed" % (confirmed, count),
+            self.add_row(row, what, drains, "ms", "info: %d/%d confirmed" % (confirmed, count),
                          None, extra=extra)
 
     # P13 --------------------------------------------------------------------------------------
@@ -1648,10 +1781,11 @@ class Bench(object):
         for mode in modes:
             receipts = [r[0] for r in runs[mode] if r[0] is not None]
             confirmed = sum(rc.get("cleanup_confirmed") is True for rc in receipts)
-            drains = [s["duration_s"] for rc in receipts for s in rc.get("ladder") or []
+            drains = [s["duration_s"] * 1000 for rc in receipts for s in rc.get("ladder") or []
                       if s["step"] == "draining"]
             durations = [rc["duration_s"] for rc in receipts]
             worst = max(drains) if len(drains) == count else float("nan")
+            limit = MANY_CLEANUP * 1000
             steps = {}
             for rc in receipts:
                 for step in rc.get("ladder") or []:
@@ -1659,9 +1793,9 @@ class Bench(object):
             tag = "P13-" + mode
             self.add_row(tag, "forced stop, %d in own sessions ignoring SIGTERM%s: draining step "
                          "(duration_s median %.1f s)" % (MANY_N, self.contained(tag), median(durations)),
-                         drains or [float("nan")], "s", "%d/%d confirmed, max <= %g s" % (
-                             confirmed, count, MANY_CLEANUP), worst, MANY_CLEANUP,
-                         passed=confirmed == count and worst <= MANY_CLEANUP,
+                         drains or [float("nan")], "ms", "%d/%d confirmed, max <= %g ms" % (
+                             confirmed, count, limit), worst, limit,
+                         passed=confirmed == count and worst <= limit,
                          extra={"runs": len(runs[mode]), "runs_planned": count,
                                 "confirmed_runs": confirmed, "duration_s": durations,
                                 "duration_s_median": median(durations),
@@ -1780,6 +1914,16 @@ class Bench(object):
         lines = [line for line in text.splitlines() if line.strip()]
         if lines:
             self.note("stderr of the runs (%d lines), first: %s" % (len(lines), " | ".join(lines[:3])))
+        # A traceback's last line says what it was: the distinct ones, counted.
+        errors = {}
+        for k, line in enumerate(lines):
+            if line.startswith("Traceback"):
+                end = next((j for j in range(k + 1, len(lines)) if not lines[j].startswith(" ")),
+                           None)
+                if end is not None:
+                    errors[lines[end]] = errors.get(lines[end], 0) + 1
+        for error, times in sorted(errors.items()):
+            self.note("stderr of the runs: %d traceback(s) ending %s" % (times, error))
 
     def cleanup(self):
         """Kill and reap all we started, remove the temporary directory."""
@@ -1881,18 +2025,18 @@ def machine_info(py):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description="Measure supervisor.py against P1-P12.")
+    parser = argparse.ArgumentParser(description="Measure supervisor.py against P1-P14.")
     parser.add_argument("--python", help="the interpreter binary to run everything with "
                         "(default: this one, resolved; pyenv shims are refused)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument("--pairs", type=int, default=None, help="pairs per row (default 30)")
     parser.add_argument("--pairs-big", type=int, default=None,
-                        help="pairs for the N=1000 rows, and P12's runs up to 5 "
+                        help="pairs for the N=1000 rows, and P12's runs per variant up to 5 "
                         "(default: min(pairs, 12))")
     parser.add_argument("--quick", action="store_true", help="~10 pairs, for development")
     parser.add_argument("--only", help="development: comma-separated groups to run "
-                        "(P1,P2,P3,P4,P5,P6 (P6-P8),P10,P12,P11,P9); P9 needs P4,P5,P6 "
-                        "for its ratios")
+                        "(P1,P2,P3,P4,P5,P6 (P6-P8),P10,P14,P12,P13,P11,P9); P9 needs "
+                        "P4,P5,P6 for its ratios")
     args = parser.parse_args(argv)
     if args.pairs is None:
         args.pairs = 10 if args.quick else 30

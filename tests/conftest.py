@@ -302,7 +302,9 @@ def describe(pid):
 # --- Running the CLI ------------------------------------------------------------------------
 
 def supervisor_cmd(*args, python=PY):
-    return [python, SUPERVISOR] + [str(a) for a in args]
+    """python: an interpreter, or a list that ends with one (a wrapper first)."""
+    prefix = list(python) if isinstance(python, (list, tuple)) else [python]
+    return prefix + [SUPERVISOR] + [str(a) for a in args]
 
 
 # Every catchable signal Python can set, for plain_signals(); 32 and 33 are the

@@ -10,7 +10,7 @@ import tempfile
 
 from conftest import (
     KEEP, PY, ROOT, alive, finish, kill_all, read_lines, read_receipt, run, run_supervisor,
-    start_supervisor,
+    start_supervisor, wait_until,
 )
 
 
@@ -77,7 +77,8 @@ def test_end_kept_ends_what_a_receipt_kept_and_leaves_a_reused_pid_alone(paths, 
     """--end-kept on a /proc walk's receipt: each kept process whose start time
     is the receipt's, with its descendants, is ended; an entry whose pid now
     belongs to another process (an old receipt, or a forged one: here the
-    test's own sleep under that pid's name) is left alone, and said."""
+    test's own sleep under that pid's name) is left alone, and said, and
+    what that kept process started cannot be found: not all gone."""
     script = ("setsid -f sh -c 'sleep 300 & echo child $!; echo service $$; exec sleep 300'; "
               "echo started; exec sleep 300")
     proc = start_supervisor(*paths.options(cleanup=1, stop=True) + KEEP + [
@@ -96,7 +97,8 @@ def test_end_kept_ends_what_a_receipt_kept_and_leaves_a_reused_pid_alone(paths, 
         forged = tmp_path / "receipt.json"
         forged.write_text(json.dumps(receipt))
         result = run_supervisor("--end-kept", forged, "-k", "5")
-        assert result.returncode == 0, result.stderr
+        assert result.returncode == 125, result.stderr
+        assert result.stderr.startswith("supervisor.py: NOT all gone: ended 2 process(es)")
         assert "left alone: %d" % bystander.pid in result.stderr
         assert not alive(service) and not alive(child)
         assert bystander.poll() is None
@@ -104,6 +106,36 @@ def test_end_kept_ends_what_a_receipt_kept_and_leaves_a_reused_pid_alone(paths, 
         bystander.kill()
         bystander.wait()
         kill_all([p for p in (service, child) if alive(p)])
+
+
+def test_end_kept_never_says_all_gone_when_a_kept_process_exited_first(paths):
+    """Without a cgroup, what a kept process started is found through it: once
+    it exited, its children went to init and nothing leads to them. The
+    teardown cannot confirm, and says why."""
+    script = "(sleep 300 >/dev/null 2>&1 & echo orphan $!; sleep 1) & exit 0"
+    result = run_supervisor(*paths.options() + ["--containment", "proc",
+                                                "--preserve-descendants-on-success",
+                                                "--", "sh", "-c", script])
+    orphan = int(result.stdout.split()[1])
+    try:
+        assert result.returncode == 0, result.stderr
+        kept = [p["pid"] for p in read_receipt(paths.receipt)["preserved"]]
+        assert len(kept) == 1 and wait_until(lambda: not alive(kept[0]), timeout=10)
+        ended = run_supervisor("--end-kept", paths.receipt, "-k", "1")
+        assert ended.returncode == 125, ended.stderr
+        assert "NOT all gone" in ended.stderr and "%d exited before" % kept[0] in ended.stderr
+        assert alive(orphan)  # what it says: not found, so not ended
+    finally:
+        kill_all([orphan])
+
+
+def test_the_receipt_type_names_every_key_a_receipt_has(paths):
+    code = ("import json, sys, supervisor as s\n"
+            "r = s.supervise(['true'], 5)\n"
+            "keys = getattr(s.CleanupReceipt, '__annotations__', None)\n"
+            "print(json.dumps([sorted(r), sorted(keys) if keys is not None else None]))\n")
+    receipt_keys, type_keys = json.loads(run_python(code, cwd=str(paths.work)).stdout)
+    assert type_keys == receipt_keys
 
 
 def test_end_kept_api_and_a_receipt_that_kept_nothing():

@@ -6,6 +6,7 @@ cgroup can be made, auto falls back to the /proc walk and `cgroup` refuses.
 Tests that make a cgroup of their own remove it; the supervisor removes its."""
 import json
 import os
+import shlex
 import signal
 import subprocess
 
@@ -112,6 +113,74 @@ def test_a_process_moved_out_of_the_runs_cgroup_is_still_drained(paths, tmp_path
         assert escaped in [p["pid"] for p in receipt["drained"]]
     finally:
         os.rmdir(other)
+
+
+@needs_cgroup
+def test_a_dead_supervisors_cgroup_is_removed_a_live_ones_never(paths):
+    """A supervisor holds a flock on each cgroup it makes: an empty one that
+    nobody holds, older than a maker could take to lock it, was left by a
+    supervisor SIGKILLed meanwhile, and the next run removes it, whatever
+    pid its name has (pid 1 of a container is always alive). One that is
+    held, or too young to judge, stays, even if its pid is nobody's here."""
+    import fcntl
+    import time
+    free_pid = next(pid for pid in range(4000000, 4100000) if not alive(pid))
+    names = {"dead": "treereap-1-0badc0de", "held": "treereap-%d-0badc0de" % free_pid,
+             "young": "treereap-%d-0badc0df" % free_pid}
+    dirs = dict((k, os.path.join(CGROUP_ROOT, n)) for k, n in names.items())
+    hour_ago = time.time() - 3600
+    for kind, path in dirs.items():
+        os.mkdir(path)
+        if kind != "young":
+            os.utime(path, (hour_ago, hour_ago))
+    held = os.open(dirs["held"], os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = run_supervisor(*paths.options() + CGROUP + ["--", "true"])
+        assert result.returncode == 0, result.stderr
+        assert not os.path.exists(dirs["dead"])
+        assert os.path.isdir(dirs["held"]) and os.path.isdir(dirs["young"])
+    finally:
+        os.close(held)
+        for path in dirs.values():
+            if os.path.exists(path):
+                os.rmdir(path)
+
+
+@needs_cgroup
+def test_what_a_nested_supervisor_holds_stays_in_its_cgroup_when_the_outer_keeps_all(open_dir):
+    """The outer run keeps everything (its command exited 0) while a nested
+    supervisor, a background job of it, still runs its command as nobody (so
+    the inner trusts `populated 0` alone). The inner's command stays in the
+    inner's cgroup, not moved with the rest to the outer's kept one: the
+    inner's deadline ends it, and the inner's receipt is true. --end-kept
+    then ends the rest, the run's cgroup left behind included."""
+    work, ctl = open_dir["work"], open_dir["ctl"]
+    inner = supervisor_cmd("--timeout", 2, "-k", 1, "--user", "nobody", "--workdir", work,
+                           "--receipt", ctl + "/inner.json", "--", "sh", "-c",
+                           "echo $$ > pid; exec sleep 300")
+    script = ("setsid -f %s >/dev/null 2>&1; while [ ! -s %s/pid ]; do sleep 0.01; done; exit 0"
+              % (" ".join(shlex.quote(str(a)) for a in inner), work))
+    outer_receipt = ctl + "/outer.json"
+    result = run_supervisor("--timeout", 30, "--workdir", work, "--receipt", outer_receipt,
+                            "--preserve-descendants-on-success", *CGROUP + ["--", "sh", "-c", script])
+    outer = read_receipt(outer_receipt)
+    sleeper = int(open(work + "/pid").read())
+    try:
+        assert result.returncode == 0, result.stderr
+        assert outer["kept_cgroup"] is not None
+        assert wait_until(lambda: os.path.exists(ctl + "/inner.json"), timeout=30)
+        inner_receipt = read_receipt(ctl + "/inner.json")
+        assert inner_receipt["timed_out"] is True
+        assert inner_receipt["cleanup_confirmed"] is True and not alive(sleeper)
+        ended = run_supervisor("--end-kept", outer_receipt, "-k", "5")
+        assert ended.returncode == 0, ended.stderr
+        assert not any(os.path.exists(cgroup_dir(outer[k])) for k in ("cgroup", "kept_cgroup"))
+    finally:
+        kill_all([sleeper] + [p["pid"] for p in outer["preserved"] if alive(p["pid"])])
+        for key in ("kept_cgroup", "cgroup"):
+            if outer.get(key) and os.path.isdir(cgroup_dir(outer[key])):
+                os.rmdir(cgroup_dir(outer[key]))
 
 
 @needs_cgroup

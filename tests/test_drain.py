@@ -413,6 +413,69 @@ def test_every_containment_keeps_services_and_drains_tools(paths, containment):
         kill_all([nodes["service"], nodes["worker"]])
 
 
+STOPPED_TOOL = r"""
+import os, signal, time
+r, w = os.pipe()
+tool = os.fork()
+if tool == 0:
+    os.setsid()
+    def bye(signum, frame):
+        open("tool-term", "w").write("TERM")
+        os._exit(0)
+    signal.signal(signal.SIGTERM, bye)
+    os.write(w, b"x")
+    while True:
+        signal.pause()
+os.read(r, 1)
+os.kill(tool, signal.SIGSTOP)
+while open("/proc/%d/stat" % tool).read().rsplit(")", 1)[1].split()[0] != "T":
+    time.sleep(0.01)
+print("tool", tool, flush=True)
+print("READY", flush=True)
+os.execvp("sleep", ["sleep", "300"])
+"""
+
+
+def test_every_containment_continues_a_stopped_process_after_the_stop_signal(paths, containment):
+    """A tool the command stopped (SIGSTOP, a shell's job control) gets the
+    stop signal and SIGCONT after it, so that its handler runs in the grace
+    instead of waiting for SIGKILL."""
+    kind, options = containment
+    proc = start_supervisor(*paths.options(cleanup=30, stop=True) + options + [
+        "--", PY, "-c", STOPPED_TOOL])
+    tool = int(read_lines_until(proc.stdout, "READY")[0].split()[1])
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    assert status == 124, err
+    assert (paths.work / "tool-term").read_text() == "TERM"
+    receipt = read_receipt(paths.receipt)
+    assert receipt["cleanup_confirmed"] is True and receipt["containment"] == kind
+    assert not alive(tool)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is x86-64's")
+def test_without_pidfds_every_containment_still_drains_and_confirms(paths, containment):
+    """pidfd_open(2) refused (a seccomp profile that predates it; a kernel
+    before 5.3): our children are signalled by pid, which stays theirs until
+    reaped, and their descendants are proven through them; a deep tree that
+    left the group, parts of it ignoring SIGTERM, is drained and confirmed."""
+    kind, options = containment
+    deep = {"name": "d1", "ignore_term": True, "children": [
+        {"name": "d2", "exit_early": True, "children": [{"name": "d3", "ignore_term": True}]}]}
+    spec = {"name": "cmd", "children": [
+        {"name": "tool", "session": True, "detach": True, "children": [deep]},
+        {"name": "member", "ignore_term": True},
+        {"name": "group", "group": True, "children": [{"name": "leaf"}]}]}
+    proc, nodes = start_tree(spec, *paths.options(cleanup=1, stop=True) + options,
+                             python=[PY, os.path.join(HELPERS, "no_pidfd.py"), PY])
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    assert status == 124, err
+    receipt = read_receipt(paths.receipt)
+    assert receipt["containment"] == kind and receipt["cleanup_confirmed"] is True, receipt
+    assert not any(alive(pid) for pid in nodes.values())
+
+
 def test_every_containment_drains_a_group_member_below_a_kept_service(paths, containment):
     """At a natural exit a service is kept, but a member of the command's
     group below it (the service left the group, its child did not) is the

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import (
-    HAS_CGROUP, IS_ROOT, PY, alive, descendants, finish, heavy, kill_all, kill_pinned,
+    HAS_CGROUP, IS_ROOT, PY, ROOT, alive, descendants, finish, heavy, kill_all, kill_pinned,
     read_lines_until, read_receipt, run, run_supervisor, running, spawn, start_supervisor,
     supervisor_below, supervisor_cmd, wait_until,
 )
@@ -383,10 +383,29 @@ def test_a_temporary_file_of_a_dead_writer_is_removed_by_the_next_run(paths):
     mine = paths.receipt.parent / (".receipt.json.%d.%d-4567.tmp" % (
         os.getpid(), int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])))
     mine.write_text("{")
+    planted = [paths.receipt.parent / (".receipt.json.999999.1-%s.tmp" % n) for n in ("f", "l")]
+    os.mkfifo(str(planted[0]))
+    planted[1].symlink_to("/dev/null")
     result = run_supervisor(*paths.options() + ["--", "true"])
     assert result.returncode == 0, result.stderr
     assert not dead.exists() and mine.exists()
+    assert all(os.path.lexists(str(p)) for p in planted)  # not a writer's: left alone
     mine.unlink()
+
+
+def test_writing_receipts_without_o_tmpfile_leaks_no_descriptor(tmp_path):
+    """Where O_TMPFILE is missing (NFS, FUSE, older overlayfs) each write
+    proves a named temporary can be made: its descriptor is closed too."""
+    code = ("import os, supervisor as s\n"
+            "del os.O_TMPFILE\n"
+            "before = len(os.listdir('/proc/self/fd'))\n"
+            "for i in range(5):\n"
+            "    s.write_receipt({'cleanup_confirmed': False}, %r)\n"
+            "print(len(os.listdir('/proc/self/fd')) - before)\n" % str(tmp_path / "r.json"))
+    result = run([PY, "-c", code], cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=ROOT))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"
+    assert sorted(os.listdir(str(tmp_path))) == ["r.json"]
 
 
 def test_an_earlier_receipt_goes_whatever_the_refusal(paths):
@@ -403,6 +422,25 @@ def test_an_earlier_receipt_goes_whatever_the_refusal(paths):
                                          "--", "true"])
         assert result.returncode == 125, (args, result.stderr)
         assert not receipt.exists(), args
+
+
+@pytest.mark.parametrize("command", [["mytool", "--receipt"], ["--", "cp", "--receipt"],
+                                     ["-k", "--receipt", "--", "cp"]],
+                         ids=["first-non-option", "after-dashes", "an-option-value"])
+def test_a_refusal_removes_no_receipt_named_by_the_command(paths, command):
+    """The command's own --receipt (from its first non-option, or after --,
+    or the value of one of our options) names a file of the command's: a
+    refusal removes only the receipt of this run."""
+    paths.receipt.parent.mkdir()
+    paths.receipt.write_text("{}")
+    victim = paths.receipt.parent / "victim"
+    victim.write_text("keep me")
+    argv = command + [str(victim)] if command[0] != "-k" else (
+        command[:2] + [str(victim)] + command[2:])
+    result = run_supervisor("--timeout", "0", "--receipt", paths.receipt, *argv)
+    assert result.returncode == 125, result.stderr
+    assert victim.read_text() == "keep me"
+    assert not paths.receipt.exists()
 
 
 def test_what_is_not_a_file_at_the_receipt_path_is_left_and_said(paths):
