@@ -1244,19 +1244,35 @@ class _LiveLook(object):
 class _ScanLook(object):
     """How a look enumerates without children files: one scan of every
     process, taken as the tree. A process whose parent is missing from the
-    scan saw that parent die mid-scan: the look is then unstable."""
+    scan saw that parent die mid-scan, and was re-parented since: read
+    again, it hangs below its new parent, the dead one's nearest subreaper
+    ancestor (us, or one of ours, if the dead one was ours; else not ours).
+    Only where that cannot be read is the look unstable: on a busy host,
+    processes die mid-scan all the time, and nearly none of them are ours."""
     snapshot = True
 
     def __init__(self, fs, children, walk, endtime):
         self.procs, whole = fs.scan(endtime)
         walk.stable = walk.stable and whole
         children.note_scan(self.procs)
-        self.index = {}
+        self.index, self.me = {}, children.me
         for proc in sorted(self.procs.values(), key=lambda p: p.pid):
+            if proc.ppid not in self.procs and proc.ppid not in (0, self.me):
+                proc = self._reparented(fs, proc)
+                if proc is None:
+                    walk.stable = False
+                    continue
+                self.procs[proc.pid] = proc
             self.index.setdefault(proc.ppid, []).append(proc.pid)
-            if proc.ppid not in self.procs and proc.ppid != 0:
-                walk.stable = False
-        self.me = children.me
+
+    def _reparented(self, fs, proc):
+        """proc read again, if it is the same process and its parent now is
+        one the scan saw; else None."""
+        now = fs.stat(proc.pid)
+        if (now is None or now.start != proc.start
+                or (now.ppid not in self.procs and now.ppid != self.me)):
+            return None
+        return now
 
     def own(self, endtime):
         return self.index.get(self.me, [])

@@ -319,47 +319,33 @@ os.close(fd)
 os._exit(0)
 '''
 
-# P13: argv[1] children, each in a session of its own with SIGTERM ignored
-# (kept through the exec), exec argv[2] ("sleep 600"); "READY n" once every
-# child has exec'd: the pipe's write end is close-on-exec, so its read end
-# sees EOF when the last one has. The helper itself obeys SIGTERM.
-SESSIONS_HELPER = r'''
+# P13 and P14: argv[1] children, then "READY n" once every child has exec'd:
+# the pipe's write end is close-on-exec, so its read end sees EOF when the
+# last one has. argv[2] says what each child is. "sessions SLEEP": in a
+# session of its own with SIGTERM ignored (kept through the exec), `sleep
+# 600`. "argv COUNT BYTES SH": in the helper's group, stdio on /dev/null,
+# `sh -c 'sleep 600; :' x A1..A_COUNT`, each argument BYTES long. The helper
+# itself obeys SIGTERM.
+FANOUT_HELPER = r'''
 import os, signal, sys
-def main():
-    n, sleep = int(sys.argv[1]), sys.argv[2]
-    read_end, write_end = os.pipe()  # close-on-exec (PEP 446)
-    for _ in range(n):
-        if os.fork() == 0:
-            try:
-                os.setsid()
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                os.execv(sleep, ["sleep", "600"])
-            finally:
-                os._exit(127)
-    os.close(write_end)
-    os.read(read_end, 1)
-    os.write(1, ("READY %d\n" % n).encode())
-    while True:
-        signal.pause()
-main()
-'''
-
-# P14: argv[1] children `sh -c 'sleep 600; :' x A1..An` (n = argv[2] arguments
-# of argv[3] bytes each; sh is argv[4]) in the helper's group, stdio on
-# /dev/null; "READY n" once every one has exec'd sh (the same pipe as above).
-ARGV_HELPER = r'''
-import os, signal, sys
-def main():
-    n, count, size, sh = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    argv = [sh, "-c", "sleep 600; :", "x"] + ["%02d" % i + "a" * (size - 2) for i in range(count)]
+def child(kind, args):
+    if kind == "sessions":
+        os.setsid()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.execv(args[0], ["sleep", "600"])
+    count, size, sh = int(args[0]), int(args[1]), args[2]
     null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.execv(sh, [sh, "-c", "sleep 600; :", "x"] + ["%02d" % i + "a" * (size - 2)
+                                                    for i in range(count)])
+def main():
+    n, kind, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     read_end, write_end = os.pipe()  # close-on-exec (PEP 446)
     for _ in range(n):
         if os.fork() == 0:
             try:
-                os.dup2(null, 0)
-                os.dup2(null, 1)
-                os.execv(sh, argv)
+                child(kind, args)
             finally:
                 os._exit(127)
     os.close(write_end)
@@ -541,8 +527,7 @@ class Bench(object):
         self.out = self._mkdir("out")
         self.tree = self._write("tree.py", TREE_HELPER)
         self.sigwait = self._write("sigwait.py", SIGWAIT_HELPER)
-        self.sessions = self._write("sessions.py", SESSIONS_HELPER)
-        self.argv_helper = self._write("argv.py", ARGV_HELPER)
+        self.fanout = self._write("fanout.py", FANOUT_HELPER)
         self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         self.stderr_log = os.path.join(self.tmp, "stderr.log")
         self.stderr_fd = os.open(self.stderr_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND
@@ -1153,20 +1138,25 @@ class Bench(object):
             time.sleep(0.1)
 
     def stop_busy_host(self):
-        if self.host_group is None:
+        self._end_group(self.host_group, self.host_pids)
+        self.host_group = None
+
+    def _end_group(self, group, pids):
+        """SIGKILL one of our long-lived groups and reap its members (pids,
+        emptied); its leader is still our unreaped child, so the id is ours."""
+        if group is None:
             return
         try:
-            os.killpg(self.host_group, signal.SIGKILL)  # its leader is still our unreaped child
+            os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        for pid in list(self.host_pids):
+        for pid in list(pids):
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
             self.keep.discard(pid)
-            self.host_pids.discard(pid)
-        self.host_group = None
+            pids.discard(pid)
 
     def start_loops(self):
         """P12 loaded: BUSY_LOOPS CPU-bound `PY -c "while 1: pass"` in a new
@@ -1181,19 +1171,7 @@ class Bench(object):
             self.loop_pids.add(pid)
 
     def stop_loops(self):
-        if self.loop_group is None:
-            return
-        try:
-            os.killpg(self.loop_group, signal.SIGKILL)  # its leader is still our unreaped child
-        except ProcessLookupError:
-            pass
-        for pid in list(self.loop_pids):
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-            self.keep.discard(pid)
-            self.loop_pids.discard(pid)
+        self._end_group(self.loop_group, self.loop_pids)
         self.loop_group = None
 
     def p9_busy_host(self):
@@ -1691,6 +1669,27 @@ class Bench(object):
                     found[child] = start
         return found
 
+    def start_fanout(self, argv, n, context, env=None, timeout=READY_TIMEOUT):
+        """Spawn argv, whose command is FANOUT_HELPER, with stdout on a pipe,
+        and wait for its "READY n": (pid, the pipe's read end, to close once
+        the run is over)."""
+        read_end, write_end = os.pipe()
+        try:
+            pid = self.spawn(argv, stdout=write_end, env=env)
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        try:
+            line = read_ready(read_end, context + " helper", timeout=timeout)
+        except BaseException:
+            os.close(read_end)
+            raise
+        if line != "READY %d" % n:
+            self.note("%s: the helper said %r" % (context, line))
+        return pid, read_end
+
     def many_run(self, containment, i):
         """One P13 run: (receipt or None, seconds from the stop file to the
         exit, whether it had to be killed, the sleeps left alive after it)."""
@@ -1700,16 +1699,11 @@ class Bench(object):
         sleep = os.path.realpath(shutil.which("sleep"))
         argv, receipt_path = self.supervisor(
             options + ["--timeout", "600", "--stop-file", stop],
-            [self.py, "-I", "-S", self.sessions, str(MANY_N), sleep])
-        read_end, write_end = os.pipe()
-        aborted, sleepers = False, {}
+            [self.py, "-I", "-S", self.fanout, str(MANY_N), "sessions", sleep])
+        aborted, sleepers, read_end = False, {}, None
         try:
-            pid = self.spawn((self.ns_prefix or []) + argv, stdout=write_end, env=env)
-            os.close(write_end)
-            write_end = None
-            line = read_ready(read_end, context + " helper", timeout=2 * READY_TIMEOUT)
-            if line != "READY %d" % MANY_N:
-                self.note("%s: the helper said %r" % (context, line))
+            pid, read_end = self.start_fanout((self.ns_prefix or []) + argv, MANY_N, context,
+                                              env=env, timeout=2 * READY_TIMEOUT)
             sleepers = self.sleepers_of(pid)
             if len(sleepers) != MANY_N:
                 self.note("%s: %d sleeps found below the helper, expected %d"
@@ -1727,9 +1721,8 @@ class Bench(object):
             _, status = os.waitpid(pid, 0)
             to_exit = time.monotonic() - created
         finally:
-            os.close(read_end)
-            if write_end is not None:
-                os.close(write_end)
+            if read_end is not None:
+                os.close(read_end)
             if os.path.exists(stop):
                 os.unlink(stop)
         self.sweep(context, expected=aborted)
@@ -1817,24 +1810,19 @@ class Bench(object):
         stop = os.path.join(self.stops, "p14-stop")
         argv, receipt_path = self.supervisor(
             ["--timeout", "600", "--stop-file", stop],
-            [self.py, "-I", "-S", self.argv_helper, str(ARGV_N), str(ARGV_COUNT), str(ARGV_BYTES), sh])
-        read_end, write_end = os.pipe()
+            [self.py, "-I", "-S", self.fanout, str(ARGV_N), "argv", str(ARGV_COUNT),
+             str(ARGV_BYTES), sh])
+        read_end = None
         try:
-            pid = self.spawn(argv, stdout=write_end)
-            os.close(write_end)
-            write_end = None
-            line = read_ready(read_end, context + " helper")
-            if line != "READY %d" % ARGV_N:
-                self.note("%s: the helper said %r" % (context, line))
+            pid, read_end = self.start_fanout(argv, ARGV_N, context)
             created = time.monotonic()
             os.close(os.open(stop, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
             wait_exited(pid)
             exited_wall, exited = time.time(), time.monotonic()
             _, status = os.waitpid(pid, 0)
         finally:
-            os.close(read_end)
-            if write_end is not None:
-                os.close(write_end)
+            if read_end is not None:
+                os.close(read_end)
             if os.path.exists(stop):
                 os.unlink(stop)
         size = os.path.getsize(receipt_path) if os.path.exists(receipt_path) else None

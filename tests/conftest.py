@@ -120,6 +120,24 @@ def pytest_configure(config):
         raise pytest.UsageError("tests need Linux >= 3.4 (PR_SET_CHILD_SUBREAPER)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Tests that run processes as nobody (those that take open_dir) share a
+    uid: a supervisor with --user nobody counts every other process of that
+    uid that started during its run against its confirmation, as it must. So
+    they run in one xdist group, one at a time, never beside each other.
+    A scan reads every process of the host, as many as a storm beside it
+    makes: the scan's runs join the storms' group, never beside one."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("containment") == "scan":
+            item.add_marker(heavy)
+        elif "open_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("nobody"))
+
+
 @pytest.fixture(params=OTHER_PYTHONS, ids=lambda v: "py" + v)
 def other_python(request):
     """Each CPython on the machine but the one running pytest."""
@@ -266,6 +284,42 @@ def kill_all(pids):
     for pid in pids:
         kill_pinned(pid)
     assert wait_until(lambda: not any(alive(pid) for pid in pids))
+
+
+# A storm's sessions each get an autogroup, as much CPU as the whole of any
+# other session: beside 255 of them, the other worker's tests would wait
+# seconds for a process to start or to die. So a heavy test runs with its
+# worker moved into a cgroup of the (v1) cpu hierarchy, whose tasks are not
+# autogrouped: all of it weighs as one session, and the other worker gets
+# its share. No quota: alone, it has both CPUs. The v2 cgroup, where a
+# supervisor makes the run's, is not touched. Where there is no v1 cpu
+# hierarchy (or no root), nothing changes.
+CPU_V1 = "/sys/fs/cgroup/cpu"
+
+
+@pytest.fixture(autouse=True)
+def heavy_tests_weigh_as_one_session(request):
+    marker = request.node.get_closest_marker("xdist_group")
+    if (marker is None or marker.args[:1] != ("heavy",) or not IS_ROOT
+            or not os.path.exists(os.path.join(CPU_V1, "cpu.shares"))):
+        yield
+        return
+    group = os.path.join(CPU_V1, "supervisor-tests-heavy-%d" % os.getpid())
+    os.mkdir(group)
+    try:
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        yield
+    finally:
+        with open(os.path.join(CPU_V1, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        assert wait_until(lambda: _empty(group), timeout=10)
+        os.rmdir(group)
+
+
+def _empty(cgroup):
+    with open(os.path.join(cgroup, "cgroup.procs")) as f:
+        return not f.read().split()
 
 
 @pytest.fixture(autouse=True)

@@ -45,6 +45,15 @@ def test_every_example_is_marked():
     assert len(GROUPS) >= 5
 
 
+def background_log():
+    """What the controller's launch, run in the background, said."""
+    try:
+        with open("/tmp/session/output.log") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def clear_fixed_paths():
     for path in FIXED_PATHS:
         if os.path.isdir(path):
@@ -65,7 +74,7 @@ def test_the_example_runs_as_written(name, tmp_path):
         for language, code in GROUPS[name]:
             argv = ["bash", "-c", code] if language == "sh" else [PY, "-c", code]
             result = run(argv, cwd=str(here), env=env, stdout=subprocess.PIPE)
-            assert result.returncode == 0, (code, result.stdout, result.stderr)
+            assert result.returncode == 0, (code, result.stdout, result.stderr, background_log())
         # What an example left in the background (the controller's launch) ends.
         assert wait_until(lambda: not os.path.exists("/tmp/session/supervisor.pid")
                           or os.path.exists("/tmp/session/cleanup.json"))
