@@ -147,6 +147,8 @@ _MAX_SELECT_SECONDS = 86400.0
 # Holding more pidfds than this at once first lifts our soft fd limit and
 # counts what it leaves, less a reserve for reading /proc and our own pipes.
 _PIN_FD_HEADROOM = 64
+# The stop signal to a cgroup's members: this many pidfds at a time.
+_MEMBER_BATCH = 32
 _FD_RESERVE = 16
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -1662,7 +1664,7 @@ class _ProcContainment(object):
             self.record.saw(proc)
             if pin is not None and not self._in_group(proc):
                 pin.send(sig)
-                if sig != signal.SIGSTOP:  # stopped (by the command, say): act on it now
+                if sig != signal.SIGSTOP and proc.state == "T":  # stopped: act on it now
                     pin.send(signal.SIGCONT)
             return (proc, pin, kept)
         return (proc, _closed(pin), kept)
@@ -2138,6 +2140,7 @@ class _CgroupContainment(object):
         self.record, self.escapes_possible = record, escapes_possible
         self.kept_cgroup = None
         self.keeping = _KEEP_NOTHING
+        self.stopped = set()        # pids of the members seen stopped (T) by members()
         self.removed = False
         self.usage_seen = None
 
@@ -2215,6 +2218,7 @@ class _CgroupContainment(object):
         found = list(self._members(endtime).values())
         for proc in found:
             self.record.saw(proc)
+        self.stopped = set(p.pid for p in found if p.state == "T")
         return found
 
     def _members(self, endtime=None):
@@ -2229,34 +2233,50 @@ class _CgroupContainment(object):
         return found
 
     def signal(self, sig, endtime=None):
-        """sig, and SIGCONT after it (so that a stopped process acts on it once
-        thawed), to every process in the cgroup, each through a pidfd taken
-        before /proc showed it in the cgroup: never a reused pid. One pidfd
-        at a time: a thousand members need no more descriptors than one.
-        Where the kernel gives no pidfds, only what a pid proves: the group
-        (killpg), and our own children (see _signal_unpinned)."""
+        """sig to every process in the cgroup, and SIGCONT after it to those
+        members() saw stopped (so that they act on it once thawed; frozen,
+        none can stop meanwhile), each through a pidfd taken before /proc
+        showed it in the cgroup: never a reused pid. Where the
+        kernel gives no pidfds, only what a pid proves: the group (killpg),
+        and our own children (see _signal_unpinned)."""
         by_group = not self._pidfds_work()
         if by_group:
             for each in (sig, signal.SIGCONT):
                 if each:
                     self.walk.signal_group(each)
-        for pid in self.cgroup.procs():
+        pids = self.cgroup.procs()
+        for first in range(0, len(pids), _MEMBER_BATCH):
             if endtime is not None and _now() >= endtime:
                 break
-            fd = self.walk.budget.pidfd(pid)
-            if fd is False:
-                continue  # gone
-            if fd is None:
-                self._signal_unpinned(pid, sig, by_group)
-                continue
-            pin = _Pin(None, fd)
-            try:
-                if self.cgroup.holds(self.fs.cgroup_of(pid)):
+            self._signal_batch(pids[first:first + _MEMBER_BATCH], sig, by_group)
+
+    def _signal_batch(self, pids, sig, by_group):
+        """A pidfd on each, then cgroup.procs read again: a pid listed there
+        whose pidfd still shows its process alive was that process's when
+        read, so it is a member. One read and one poll() for the batch, not
+        a read of /proc/PID/cgroup each; a few dozen descriptors at once."""
+        pinned = []  # (pid, pidfd)
+        try:
+            for pid in pids:
+                fd = self.walk.budget.pidfd(pid)
+                if fd is None:
+                    self._signal_unpinned(pid, sig, by_group)
+                elif fd is not False:  # False: gone
+                    pinned.append((pid, fd))
+            if not pinned:
+                return
+            members = set(self.cgroup.procs())
+            exited = _exited_pidfds([fd for _, fd in pinned])
+            for pid, fd in pinned:
+                if pid in members and fd not in exited:
+                    pin = _Pin(None, fd)
                     if sig:
                         pin.send(sig)
-                    pin.send(signal.SIGCONT)
-            finally:
-                pin.close()
+                    if pid in self.stopped:
+                        pin.send(signal.SIGCONT)
+        finally:
+            for _, fd in pinned:
+                os.close(fd)
 
     def _pidfds_work(self):
         """Does the kernel give pidfds (asked of the command's unreaped pid)?"""
@@ -4260,9 +4280,10 @@ def _not_a_receipt(path, st):
         return None
     if kind != 0o120000:
         return "a device, FIFO or socket is there"
+    for hop in _link_hops(path):
+        if hop.split("/")[1:2] in (["proc"], ["dev"]):
+            return "a symlink into /proc or /dev is there (to %s)" % hop
     target = os.path.realpath(path)
-    if target.split("/")[1:2] in (["proc"], ["dev"]):
-        return "a symlink into /proc or /dev is there (to %s)" % target
     try:
         followed = os.stat(path)
     except OSError:
@@ -4270,6 +4291,21 @@ def _not_a_receipt(path, st):
     if followed.st_mode & 0o170000 != 0o100000:
         return "a symlink to what is not a regular file is there (%s)" % target
     return None
+
+
+def _link_hops(path, limit=40):
+    """Where each symlink on the way from path leads, hop by hop: judged by
+    its final target alone, /dev/stdout of a process whose stdout is a log
+    file would pass for that file (/dev/stdout -> /proc/self/fd/1 -> log)."""
+    hops = []
+    while len(hops) < limit:
+        try:
+            text = os.readlink(path)
+        except OSError:
+            break  # not a link (any more), or gone: the end of the chain
+        path = os.path.normpath(os.path.join(os.path.realpath(os.path.dirname(path)), text))
+        hops.append(path)
+    return hops
 
 
 def _writer_identity():
@@ -4372,13 +4408,13 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_pa
     be written, is in its error and exit_status. The caller's signal
     handlers, mask and subreaper bit are restored when it returns.
     """
-    plan = _make_plan(command, timeout, cleanup_timeout, stop_path, workdir, stop_with_parent,
-                      policy=_check_choice(policy, POLICIES, "policy"),
-                      containment=_check_choice(containment, CONTAINMENTS, "containment"),
-                      stop_signal=_parse_signal(str(stop_signal), "stop_signal"),
-                      verbose=bool(verbose))
     target = None
     try:
+        plan = _make_plan(command, timeout, cleanup_timeout, stop_path, workdir,
+                          stop_with_parent, policy=_check_choice(policy, POLICIES, "policy"),
+                          containment=_check_choice(containment, CONTAINMENTS, "containment"),
+                          stop_signal=_parse_signal(str(stop_signal), "stop_signal"),
+                          verbose=bool(verbose))
         if receipt is not None:
             target = _receipt_target(receipt, plan.workdir)
         if user is not None:
@@ -4388,13 +4424,13 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, stop_pa
         if plan.stop_path is not None:
             _check_stop_file(plan.stop_path, target)
     except BaseException:
-        _discard(target)
+        _no_receipt_left(target, receipt)
         raise
     run = _Run(plan)
     try:
         result = _execute(run)
     except BaseException:
-        _discard(target)
+        _no_receipt_left(target, receipt)
         raise
     finally:
         _release(run)
@@ -4982,11 +5018,13 @@ def _option_value(name, kind, value):
 
 
 def _parse_signal(text, option="--signal"):
-    """A signal as timeout(1) -s takes it: TERM, SIGTERM, term, 15, and the
-    real-time ones as RTMIN+3 or SIGRTMAX-1."""
+    """A signal as timeout(1) -s takes it: TERM, SIGTERM, term, 15, the
+    real-time ones as RTMIN+3 or SIGRTMAX-1, and EXIT for 0 (none)."""
     name = text.strip(_ASCII_SPACE).upper()
     if name and all(c in "0123456789" for c in name):  # ASCII digits: int() takes others too
         number = int(name)
+    elif name in ("EXIT", "SIGEXIT"):  # the shell's name for 0, which timeout(1) takes
+        number = 0
     else:
         name = name if name.startswith("SIG") else "SIG" + name
         base, sign, offset = name.replace("-", "+-").partition("+")
@@ -5247,12 +5285,9 @@ def _refuse(message, target, argv):
     """One line on stderr, exit 125, and no receipt at the path: not an
     earlier run's (the path is found in argv even when parsing failed), not
     a partial one, and no directory made for it."""
-    if target is not None:
-        target.discard()
-    else:
-        left = _remove_stale_at(_receipt_path_in(argv))
-        if left and not message.startswith("--receipt"):
-            message += "; " + left
+    left = _no_receipt_left(target, _receipt_path_in(argv))
+    if left and not message.startswith("--receipt"):
+        message += "; " + left
     _complain(message)
     return EXIT_FAILURE
 
@@ -5309,9 +5344,14 @@ def _unconfirmed_message(receipt):
                          ", ".join(str(s["pid"]) for s in survivors[:10])))
 
 
-def _discard(target):
+def _no_receipt_left(target, path):
+    """A refusal leaves no receipt at the path: not a partial one of ours
+    (the target, once there is one), and not an earlier run's."""
     if target is not None:
         target.discard()
+    elif path is not None:
+        return _remove_stale_at(path)
+    return None
 
 
 def _check_user(spec, workdir):

@@ -263,14 +263,38 @@ def reap_adopted_zombies():
                 pass
 
 
+def descends_from_us(pid):
+    """Is pid a descendant of this process? Walked up from pid, not down
+    from us: a walk down misses a process whose parent dies between two
+    reads (it moves to a list already read), which is how a test's command
+    ends when its supervisor is killed. A link that dies under the walk up
+    has handed its children on: the walk starts again."""
+    me = os.getpid()
+    for _ in range(100):
+        current = pid
+        while True:
+            stat = proc_stat(current)
+            if stat is None or (stat[0] in "ZX" and current != pid):
+                break  # gone or dead under us: its children moved; again
+            if stat[1] == me:
+                return True
+            if stat[1] in (0, 1):
+                return False
+            current = stat[1]
+        if proc_stat(pid) is None:
+            return False
+    return False
+
+
 def kill_pinned(pid, sig=signal.SIGKILL):
-    """Signal pid through a pidfd, so a pid reused meanwhile is never hit."""
+    """Signal pid through a pidfd, so a pid reused meanwhile is never hit;
+    and only if it descends from us, checked after the pidfd was taken."""
     try:
         fd = os.pidfd_open(pid)
     except OSError:
         return
     try:
-        if pid in descendants(os.getpid()):
+        if descends_from_us(pid):
             signal.pidfd_send_signal(fd, sig)
     except OSError:
         pass

@@ -325,18 +325,25 @@ def test_a_flood_of_real_time_signals_cannot_delay_the_exit(paths):
 # --- What is at the receipt path ----------------------------------------------------------------------
 
 @needs_root
-def test_the_receipt_path_is_never_dev_stdout(paths):
+@pytest.mark.parametrize("stdout", ["pipe", "log file"])
+def test_the_receipt_path_is_never_dev_stdout(paths, tmp_path, stdout):
     """/dev/stdout is a symlink to /proc/self/fd/1: replacing it with a file
-    would break the machine's /dev. Refused, and the link is as it was. (In
-    a private mount namespace, over a /dev of the test's own: a supervisor
+    would break the machine's /dev. Refused, and the link is as it was, also
+    when stdout is a log file (then the link's final target is a regular
+    file outside /proc: each hop is judged, not only the last). (In a
+    private mount namespace, over a /dev of the test's own: a supervisor
     that got it wrong cannot hurt the host's.)"""
+    log = tmp_path / "controller.log"
+    redirect = " > %s" % log if stdout == "log file" else ""
     check = ('mount -t tmpfs tmpfs /dev && ln -s /proc/self/fd/1 /dev/stdout && '
-             '%s; echo status=$?; readlink /dev/stdout' % " ".join(supervisor_cmd(
-                 "--timeout", 5, "--receipt", "/dev/stdout", "--", "true")))
+             '{ %s%s; echo status=$?; readlink /dev/stdout; }' % (" ".join(supervisor_cmd(
+                 "--timeout", 5, "--receipt", "/dev/stdout", "--", "true")), redirect))
     result = run(in_private_mounts(["sh", "-c", check]), cwd="/")
     assert "status=125" in result.stdout, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1] == "/proc/self/fd/1"
     assert result.stderr.count("\n") == 1 and "/proc or /dev" in result.stderr
+    if stdout == "log file":
+        assert log.read_text() == ""  # no receipt went into the log either
 
 
 def test_a_symlink_at_the_receipt_path_to_a_fifo_is_refused(paths, tmp_path):
