@@ -94,6 +94,12 @@ _DRAINED_LIMIT = 1000
 _SURVIVORS_LIMIT = 1000
 _ARGV_LIMIT = 4096
 _RECEIPT_LIMIT = 1 << 20
+# Reading a process's argv takes its memory-map lock, which a process that
+# shares its memory with one stuck in D state may never get: the read is
+# done by a thread of its own, waited for this long, then abandoned; after
+# this many abandoned readers no argv is read any more.
+_ARGV_READ_LIMIT = 0.1
+_STUCK_READERS = 4
 # A census of what is alive, for `survivors` when the run is not confirmed.
 _CENSUS_LIMIT = 0.5
 # Signals left pending for a finished run that supervise() discards before
@@ -567,6 +573,7 @@ class _ProcFS(object):
     other error raises ObservationError."""
 
     def __init__(self):
+        self.side_reads = None      # _AbandonableReads, once an argv is read
         try:
             self.fd = _high_fd(os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
         except OSError as e:
@@ -765,11 +772,17 @@ class _ProcFS(object):
     def argv(self, proc):
         """proc's argv (see _Argv); its name in brackets when it has none (a
         zombie), as ps shows it; [] when it is gone or unreadable: a name is
-        for people, never evidence."""
+        for people, never evidence. Never blocks for more than
+        _ARGV_READ_LIMIT (see _AbandonableReads): unread, it is _UNREAD."""
         try:
             if self._may_hang(proc):
                 return _UNREAD
-            data = self.read("%d/cmdline" % proc.pid, one_record=True, limit=_ARGV_LIMIT + 1)
+            if self.side_reads is None:
+                self.side_reads = _AbandonableReads()
+            data = self.side_reads.run(lambda: self.read(
+                "%d/cmdline" % proc.pid, one_record=True, limit=_ARGV_LIMIT + 1))
+            if data is _ABANDONED:
+                return _UNREAD
             if data:
                 truncated = len(data) > _ARGV_LIMIT
                 words = data[:_ARGV_LIMIT].rstrip(b"\0").split(b"\0")
@@ -781,7 +794,9 @@ class _ProcFS(object):
 
     def _may_hang(self, proc):
         """Could reading proc's cmdline block? When one of its threads is in D
-        state it may hold (or wait for) the lock that read takes."""
+        state it may hold (or wait for) the lock that read takes: then it is
+        not even tried. (A process sharing its memory with another, clone
+        CLONE_VM, can block it too unseen: hence _AbandonableReads.)"""
         if proc.state == "D":
             return True
         if proc.threads == 1:
@@ -793,9 +808,97 @@ class _ProcFS(object):
         return False
 
     def close(self):
+        if self.side_reads is not None:
+            self.side_reads.close()
+            self.side_reads = None
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+_ABANDONED = object()
+
+
+class _AbandonableReads(object):
+    """Reads that may block in the kernel for good, done by a thread of their
+    own while the caller waits at most _ARGV_READ_LIMIT. A read that takes
+    longer is abandoned: its thread stays blocked (a killable wait: our exit
+    ends it) and exits if it ever wakes; the next read gets a new thread.
+    After _STUCK_READERS abandoned threads, nothing more is read. One handoff
+    costs ~13 us; a thread is made only when an argv is first read (a
+    cleanup that ends something)."""
+
+    def __init__(self):
+        self.reader, self.abandoned = None, 0
+
+    def run(self, job):
+        """job() in the reader thread: its result (or its exception, raised
+        here), or _ABANDONED."""
+        if self.abandoned >= _STUCK_READERS:
+            return _ABANDONED
+        if self.reader is None:
+            self.reader = _ReaderThread()
+        outcome = self.reader.ask(job, _ARGV_READ_LIMIT)
+        if outcome is _ABANDONED:
+            self.reader.close()
+            self.reader, self.abandoned = None, self.abandoned + 1
+            return _ABANDONED
+        value, error = outcome
+        if error is not None:
+            raise error
+        return value
+
+    def close(self):
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+
+
+class _ReaderThread(object):
+    """One thread that runs a job when asked, and exits when closed (at once
+    if idle; else once its job returns). Its signals stay blocked, as the
+    thread that made it had them: every signal is ours to read from the
+    signalfd. Only _thread: the threading module costs ms to import."""
+
+    def __init__(self):
+        import _thread
+        self.asked, self.answered = _thread.allocate_lock(), _thread.allocate_lock()
+        self.asked.acquire()
+        self.answered.acquire()
+        self.job = self.outcome = None
+        self.closed = False
+        _thread.start_new_thread(self._serve, ())
+
+    def _serve(self):
+        while True:
+            self.asked.acquire()
+            job = self.job
+            if self.closed or job is None:
+                return
+            try:
+                outcome = (job(), None)
+            except Exception as e:
+                outcome = (None, e)
+            if self.closed:
+                return  # abandoned while it read: nobody waits for it any more
+            self.outcome = outcome
+            self.answered.release()
+
+    def ask(self, job, seconds):
+        self.job = job
+        self.asked.release()
+        if not self.answered.acquire(True, seconds):
+            return _ABANDONED
+        outcome, self.outcome, self.job = self.outcome, None, None
+        return outcome
+
+    def close(self):
+        """Exit: now if idle, or as soon as the job it is blocked in returns."""
+        self.closed, self.job = True, None
+        try:
+            self.asked.release()
+        except RuntimeError:
+            pass  # released already: it will see `closed` when it wakes
 
 
 def _open_beneath(dir_fd, device, openat2, path, flags, shown):

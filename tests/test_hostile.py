@@ -8,14 +8,16 @@ Mounts happen in a private mount namespace (unshare --mount), so nothing
 reaches the host's; what a test mounts, freezes or starts, it undoes."""
 import json
 import os
+import shutil
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
 
 from conftest import (
-    HAS_CGROUP, IS_ROOT, PY, ROOT, alive, descendants, finish, heavy, kill_all, kill_pinned,
+    HAS_CGROUP, HELPERS, IS_ROOT, PY, ROOT, alive, descendants, finish, heavy, kill_all, kill_pinned,
     read_lines_until, read_receipt, run, run_supervisor, running, spawn, start_supervisor,
     supervisor_below, supervisor_cmd, wait_until,
 )
@@ -176,41 +178,94 @@ time.sleep(300)
 """
 
 
-@needs_root
-@pytest.mark.skipif(not all(os.path.exists(p) for p in ("/usr/sbin/fsfreeze", "/usr/sbin/mkfs.ext4")),
-                    reason="needs fsfreeze and mkfs.ext4")
-def test_a_process_stuck_in_d_state_cannot_stretch_the_bound(paths, tmp_path):
-    """A thread blocked on a frozen filesystem (as on a hung NFS or FUSE
-    mount): SIGKILL cannot end it until the filesystem thaws, and reading
-    its argv may block on its memory-map lock. The run still ends within its
-    bound, not confirmed, and the process's argv is marked unread."""
+@pytest.fixture
+def frozen_filesystem(tmp_path):
+    """A filesystem of the test's own (ext4 on a loop device) and a function
+    that freezes it, as a hung NFS or FUSE mount holds whatever touches it;
+    thawed THAW_AFTER seconds later (a supervisor that blocks on it then
+    comes back, past its bound, and the test fails instead of hanging), and
+    unmounted at the end, whatever happened."""
+    if not IS_ROOT or not all(os.path.exists(p) for p in ("/usr/sbin/fsfreeze",
+                                                          "/usr/sbin/mkfs.ext4")):
+        pytest.skip("needs root, fsfreeze and mkfs.ext4")
     image, mount = tmp_path / "image", tmp_path / "mnt"
     subprocess.check_call(["dd", "if=/dev/zero", "of=%s" % image, "bs=1M", "count=16",
                            "status=none"])
     subprocess.check_call(["mkfs.ext4", "-q", str(image)])
     mount.mkdir()
     subprocess.check_call(["mount", "-o", "loop", str(image), str(mount)])
-    frozen = False
-    try:
-        proc = start_supervisor(*paths.options(cleanup=0.5, stop=True) + [
-            "--", PY, "-c", D_STATE, str(mount)])
-        read_lines_until(proc.stdout, "mapped")
+    thaws = []
+
+    def freeze():
         subprocess.check_call(["fsfreeze", "-f", str(mount)])
-        frozen = True
-        (paths.work / "go").write_text("")
-        assert wait_until(lambda: "D" in thread_states(proc.pid))
-        paths.stop.write_text("")
-        status, _, err = finish(proc)
-        receipt = read_receipt(paths.receipt)
-        assert status == 125 and receipt["cleanup_confirmed"] is False
-        assert receipt["duration_s"] <= receipt["ladder"][0]["start_s"] + 3 * 0.5 + 3
-        stuck = [s for s in receipt["survivors"] if s["command"] is None]
-        assert stuck and receipt["survivors_count"] >= 1, receipt["survivors"]
+        thaws.append(threading.Timer(THAW_AFTER, thaw))
+        thaws[-1].start()
+
+    def thaw():
+        subprocess.call(["fsfreeze", "-u", str(mount)], stderr=subprocess.DEVNULL)
+    try:
+        yield mount, freeze
     finally:
-        if frozen:
-            subprocess.call(["fsfreeze", "-u", str(mount)])
-        time.sleep(0.1)
+        if thaws:
+            thaws[-1].cancel()
+            thaw()
+        time.sleep(0.1)  # what was stuck on it dies before the unmount
         subprocess.call(["umount", "-l", str(mount)])
+
+
+# Far past the bound of the runs below (about 4.5 s from their stop).
+THAW_AFTER = 20.0
+
+
+def stop_while_stuck(paths, command, freeze, stuck=1, containment="auto"):
+    """Run command (it prints "mapped"), freeze its filesystem, let it touch
+    it ("go"), wait until `stuck` of its tasks are in D state, stop the run:
+    the receipt."""
+    proc = start_supervisor(*paths.options(cleanup=0.5, stop=True) + [
+        "--containment", containment, "--"] + command)
+    read_lines_until(proc.stdout, "mapped")
+    freeze()
+    (paths.work / "go").write_text("")
+    assert wait_until(lambda: thread_states(proc.pid).count("D") >= stuck)
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    assert status == 125 and receipt["cleanup_confirmed"] is False, err
+    assert receipt["duration_s"] <= receipt["ladder"][0]["start_s"] + 3 * 0.5 + 3
+    return receipt
+
+
+def test_a_process_stuck_in_d_state_cannot_stretch_the_bound(paths, frozen_filesystem):
+    """A thread blocked on a frozen filesystem (as on a hung NFS or FUSE
+    mount): SIGKILL cannot end it until the filesystem thaws, and reading
+    its argv may block on its memory-map lock. The run still ends within its
+    bound, not confirmed, and the process's argv is marked unread."""
+    mount, freeze = frozen_filesystem
+    receipt = stop_while_stuck(paths, [PY, "-c", D_STATE, str(mount)], freeze)
+    stuck = [s for s in receipt["survivors"] if s["command"] is None]
+    assert stuck and receipt["survivors_count"] >= 1, receipt["survivors"]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
+@pytest.mark.parametrize("containment", containments())
+def test_a_process_sharing_memory_with_one_in_d_state_cannot_stretch_the_bound(
+        paths, tmp_path, frozen_filesystem, containment):
+    """Processes that share one memory map (clone CLONE_VM): one stuck in D
+    state on a frozen filesystem holds the map's lock, another queues for
+    it, and the third, in state S, looks harmless; reading its argv blocked
+    the supervisor until the thaw (20 s against a bound of 4.5 s), and the
+    run was then confirmed. The read is abandoned after a moment: the run
+    ends within its bound, not confirmed, and the argv it could not read
+    is null."""
+    mount, freeze = frozen_filesystem
+    helper = tmp_path / "shared_memory"
+    subprocess.check_call(["cc", "-o", str(helper), os.path.join(HELPERS, "shared_memory.c")])
+    # Both in D state: the fault, and the change of mapping queued behind it.
+    receipt = stop_while_stuck(paths, [str(helper), str(mount)], freeze, stuck=2,
+                               containment=containment)
+    assert receipt["survivors_count"] >= 1, receipt["survivors"]
+    unread = [s for s in receipt["survivors"] + receipt["drained"] if s["command"] is None]
+    assert unread, receipt
 
 
 def thread_states(pid):
