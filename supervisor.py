@@ -2959,34 +2959,33 @@ def _check_user_may_not_replace(user, target):
     at the path, nor replace ours (nor may a kept service of it): refuse a
     receipt directory that user can write, sticky or not (between the stale
     receipt's removal and ours, the name is free for anyone who may create
-    it); above it, a directory the user owns, or can write unless it is
-    sticky (as /tmp is), or, below a sticky one, an entry that the user
-    owns. And the path as given, every component: a symlink on it that the
-    user owns, or in a directory the user may write (by the same rule),
-    re-points the path the controller reads."""
-    directories = [target.directory]
-    while directories[-1] != "/":
-        directories.append(os.path.dirname(directories[-1]))
-    links = [os.path.join(d, name) for d, name, _ in _path_steps(target.path)
-             if os.path.islink(os.path.join(d, name))]
-    given = [d for d in _unique(os.path.dirname(link) for link in links)]
-    writable = user.can([(d, "write") for d in directories + given])
-    can_write = dict(zip(directories + given, writable))
-    below = None
-    for directory in directories:
+    it). And every lookup that resolving the path as given makes, through
+    each directory and symlink on the way: a directory on the way that the
+    user owns (it can make it writable), or can write unless it is sticky
+    (as /tmp is), or, in a sticky one, an entry the user owns, lets it swap
+    that entry and re-point the path the controller reads; so does a
+    symlink it owns. (Judged by the resolved directory alone, home/sub/link
+    in a home the user may write passed: the user renames sub away and puts
+    its own sub/link there.)"""
+    steps = _path_steps(target.path)
+    directories = _unique([target.directory] + [d for d, _, _ in steps])
+    can_write = dict(zip(directories, user.can([(d, "write") for d in directories])))
+    if can_write[target.directory]:
+        _refuse_receipt_path(user, target.directory, "writable")
+    for directory, name, _ in steps:
         st = os.stat(directory)
-        owned_below = below is not None and os.lstat(below).st_uid == user.uid
-        if st.st_uid == user.uid or (can_write[directory] and (
-                below is None or not st.st_mode & 0o1000 or owned_below)):
-            _refuse_receipt_path(user, directory, "its owner" if st.st_uid == user.uid
-                                 else "writable")
-        below = directory
-    for link in links:
-        st, parent = os.lstat(link), os.stat(os.path.dirname(link))
-        if st.st_uid == user.uid or (can_write[os.path.dirname(link)]
-                                     and not parent.st_mode & 0o1000):
-            _refuse_receipt_path(user, link, "a symlink it owns" if st.st_uid == user.uid
-                                 else "a symlink in a directory it may write")
+        entry_path = os.path.join(directory, name)
+        try:
+            entry = os.lstat(entry_path)
+        except FileNotFoundError:
+            entry = None  # the receipt itself, not there yet
+        owns_entry = entry is not None and entry.st_uid == user.uid
+        if owns_entry and entry.st_mode & 0o170000 == 0o120000:
+            _refuse_receipt_path(user, entry_path, "a symlink it owns")
+        if st.st_uid == user.uid:
+            _refuse_receipt_path(user, directory, "its owner")
+        if can_write[directory] and (not st.st_mode & 0o1000 or owns_entry):
+            _refuse_receipt_path(user, entry_path, "in a directory it may write")
 
 
 def _refuse_receipt_path(user, path, why):

@@ -133,6 +133,26 @@ def test_user_refuses_a_symlink_on_the_receipt_path_the_user_controls(open_dir, 
     assert len(lines) == 1 and link in lines[0] and "symlink" in lines[0], result.stderr
 
 
+@needs_root
+def test_user_refuses_a_path_through_a_directory_the_user_can_rename(open_dir):
+    """Every component is judged, not only the symlinks and the directory the
+    path resolves to: home/sub/link -> ctl, with sub and link root's, but in
+    a home that nobody may write. The command renames sub away, makes its
+    own sub/link to a directory of its own, and the controller reads the
+    command's receipt there. Refused, naming sub."""
+    home = os.path.join(open_dir["top"], "home")
+    os.mkdir(home)
+    os.chmod(home, 0o777)
+    sub = os.path.join(home, "sub")
+    os.mkdir(sub)
+    os.symlink(open_dir["ctl"], os.path.join(sub, "link"))
+    receipt = os.path.join(sub, "link", "receipt.json")
+    result = user_run(dict(open_dir, receipt=receipt), "--user", "nobody", command=("true",))
+    assert result.returncode == 125, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and sub in lines[0] and "may write" in lines[0], result.stderr
+
+
 # --- Shared uids ------------------------------------------------------------------------------------
 
 @needs_root
