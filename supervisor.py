@@ -4147,13 +4147,13 @@ def _json(value, indent="", memo=None):
     if isinstance(value, float):
         return repr(value) if value == value and abs(value) != float("inf") else "null"
     if isinstance(value, str):
-        escaped = value.translate(_JSON_ESCAPES)
         try:
-            if b"\x7f" not in escaped.encode("ascii"):  # the usual case: nothing more to do
-                return '"%s"' % escaped
+            value.encode("ascii")
         except UnicodeEncodeError:
-            pass
-        return '"%s"' % "".join(c if " " <= c <= "~" else _json_char(c) for c in escaped)
+            return _json_non_ascii(value)
+        if "\x7f" in value:
+            return _json_non_ascii(value)
+        return '"%s"' % value.translate(_JSON_ESCAPES)  # the usual case: ASCII, fast
     memo = {} if memo is None else memo
     inner = indent + "  "
     if isinstance(value, dict):
@@ -4172,12 +4172,11 @@ def _json(value, indent="", memo=None):
     return text
 
 
-def _json_char(c):
-    code = ord(c)
-    if code < 0x10000:
-        return "\\u%04x" % code
-    code -= 0x10000  # outside the BMP: a surrogate pair
-    return "\\u%04x\\u%04x" % (0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF))
+def _json_non_ascii(text):
+    """json's own C encoder, imported only for such text (an argv of invalid
+    UTF-8 is all U+FFFD): by hand, 8 MB of it took 8 s."""
+    from json.encoder import encode_basestring_ascii
+    return encode_basestring_ascii(text)
 
 
 def write_receipt(receipt, path):
