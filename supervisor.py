@@ -258,7 +258,7 @@ def _define_receipt_type():
         "cleanup_s": float, "ladder": list, "containment": str, "cgroup": Optional[str],
         "kept_cgroup": Optional[str], "cgroup_unavailable": Optional[str],
         "user": Optional[dict], "preserved": list, "survivors": list,
-        "survivors_count": int, "unattributed": list, "drained": list,
+        "survivors_count": Optional[int], "unattributed": list, "drained": list,
         "drained_count": int, "omitted": dict, "usage": Optional[dict],
     }
     return TypedDict("CleanupReceipt", fields)
@@ -1319,10 +1319,11 @@ class _Walk(object):
     """The result of one look at the run: the live processes in scope
     (parents first), pins on them when asked for, every process it saw
     outside kept subtrees, and whether nothing it read changed under it."""
-    __slots__ = ("found", "pins", "seen", "stable", "wait_budget")
+    __slots__ = ("found", "pins", "seen", "stable", "whole", "wait_budget")
 
     def __init__(self):
         self.found, self.pins, self.seen, self.stable = [], [], set(), True
+        self.whole = True           # not cut short by its endtime
         self.wait_budget = _PIN_FD_HEADROOM
 
 
@@ -1358,7 +1359,7 @@ class _ScanLook(object):
 
     def __init__(self, fs, children, walk, endtime):
         self.procs, whole = fs.scan(endtime)
-        walk.stable = walk.stable and whole
+        walk.stable, walk.whole = walk.stable and whole, walk.whole and whole
         children.note_scan(self.procs)
         self.index, self.me = {}, children.me
         for proc in sorted(self.procs.values(), key=lambda p: p.pid):
@@ -1578,9 +1579,16 @@ class _ProcContainment(object):
                 if p.pid != self.pid and p.identity not in kept and not self._claimed(p)]
 
     def census(self, endtime):
-        """What of the run is alive, by one look that needs no stability: for
-        the receipt's survivors when the run was not confirmed."""
-        return self._walk(self.scope or _GROUP, endtime=endtime, careful=False).found
+        """(What of the run is alive, whether the look was whole), by one look
+        that needs no stability: for the receipt's survivors when the run was
+        not confirmed. Where the children files fail (a mount over ours),
+        one scan of every process instead."""
+        scope = self.scope or _GROUP
+        try:
+            walk = self._walk(scope, endtime=endtime, careful=False)
+        except ObservationError:
+            walk = self._walk(scope, endtime=endtime, careful=False, scan=True)
+        return walk.found, walk.whole
 
     def fields(self):
         return {"containment": self.kind}
@@ -1665,18 +1673,18 @@ class _ProcContainment(object):
 
     # The walk.
 
-    def _look(self, walk, endtime):
-        if self.children.scan:
+    def _look(self, walk, endtime, scan=False):
+        if scan or self.children.scan:
             return _ScanLook(self.fs, self.children, walk, endtime)
         return _LiveLook(self.fs, self.children)
 
-    def _walk(self, scope, sig=None, kill=False, endtime=None, careful=True):
+    def _walk(self, scope, sig=None, kill=False, endtime=None, careful=True, scan=False):
         """One look from this process down (see the class docstring): the live
         processes in scope, parents first. With sig, each of them is proven
         and pinned, and those outside the group are sent sig as they are
         found; with kill, SIGKILL too once their children are done."""
         walk = _Walk()
-        look = self._look(walk, endtime)
+        look = self._look(walk, endtime, scan)
         # Items are (parent node, pid) to visit, or (node, None) to leave.
         stack = [(None, pid) for pid in reversed(look.own(endtime))]
         handed_on = False
@@ -1689,7 +1697,7 @@ class _ProcContainment(object):
                 if pid is None:
                     self._leave(parent, kill, walk)
                 elif out_of_time:
-                    walk.stable = False  # the look is partial
+                    walk.stable = walk.whole = False  # the look is partial
                 else:
                     node = self._visit(parent, pid, scope, sig, walk, look)
                     if node is not None and parent is None and node[1] is not None:
@@ -2461,10 +2469,11 @@ class _CgroupContainment(object):
 
     def census(self, endtime):
         found = list(self._members(endtime).values())
-        if self.escapes_possible and _now() < endtime:
-            found.extend(p for p in self.walk.census(endtime) if p.pid not in
-                         set(q.pid for q in found))
-        return found
+        whole = _now() < endtime
+        if self.escapes_possible and whole:
+            escaped, whole = self.walk.census(endtime)
+            found.extend(p for p in escaped if p.pid not in set(q.pid for q in found))
+        return found, whole
 
     def finish(self, confirmed):
         """At done: read what the run cost, then remove the run's cgroup (once
@@ -3670,6 +3679,7 @@ def _supervise_started(run):
         if run.state != "done":
             _enter(run, "done")
         _reap_after_failure(run)
+        _note_survivors(run)
 
 
 def _leave_running(run):
@@ -3883,13 +3893,16 @@ def _descends_from(fs, proc, ancestor, ours):
 def _note_survivors(run):
     """When the run is not confirmed, `survivors` lists what is alive: the
     look's finding, or, if that is empty (the look was cut short, or kept
-    being disturbed), a census of the run, capped, with the count beside."""
+    being disturbed, or failed), a census of the run, capped, with the count
+    beside: null when the census could not see everything (it failed, or
+    ran out of time), so that [] never stands for "nothing alive" unseen."""
+    whole = True
     if not run.survivors and not _confirmed(run):
         try:
-            run.survivors = run.containment.census(_now() + _CENSUS_LIMIT)
-        except (ObservationError, OSError):
-            pass
-    run.survivors_count = len(run.survivors)
+            run.survivors, whole = run.containment.census(_now() + _CENSUS_LIMIT)
+        except Exception:  # a look that failed (or what failed the run): count unknown
+            whole = False
+    run.survivors_count = len(run.survivors) if whole else None
     run.survivors = run.survivors[:_SURVIVORS_LIMIT]
 
 
@@ -5437,11 +5450,13 @@ def _unconfirmed_message(receipt):
                 "caller's jobs (%s) cannot be told from the run's, and were left alone; start "
                 "the supervisor without background jobs, or with --new-session" % (
                     len(unattributed), ", ".join(str(p["pid"]) for p in unattributed[:10])))
+    count = receipt["survivors_count"]
     if not survivors:
-        return ("cleanup not confirmed: the processes kept changing while /proc was read; "
-                "do not reuse this sandbox")
-    return ("cleanup not confirmed: %d process(es) still alive (%s); do not reuse this "
-            "sandbox" % (receipt["survivors_count"],
+        return ("cleanup not confirmed: %s; do not reuse this sandbox" % (
+            "the processes kept changing while /proc was read" if count == 0
+            else "what is still alive could not be observed"))
+    return ("cleanup not confirmed: %s process(es) still alive (%s); do not reuse this "
+            "sandbox" % (count if count is not None else "at least %d" % len(survivors),
                          ", ".join(str(s["pid"]) for s in survivors[:10])))
 
 
