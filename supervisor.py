@@ -3628,10 +3628,11 @@ def _give_back_the_cpu(run):
             pass
 
 
-def _supervise_started(run):
-    """The driver, from the command's start: the states of a run, in order,
+def _drive(run):
+    """The driver, once the run is prepared: the states of a run, in order,
     and the phase each one runs. It alone moves the state.
 
+        starting     a stop asked for already: done, the command never starts
         running      until the command exits, the deadline, the stop file
                      or a stop signal
         terminating  freeze; keep what the policy keeps; look; the stop
@@ -3640,6 +3641,10 @@ def _supervise_started(run):
         draining     everything else of the run, until confirmed
         done         the receipt's last looks
     """
+    if _stopped_before_start(run):
+        _enter(run, "done")
+        return
+    run.terminal = _caller_terminal()
     try:
         _start_command(run)
         _enter(run, "running")
@@ -4605,11 +4610,7 @@ def _execute(run):
     in a receipt, one that does not confirm the cleanup."""
     try:
         _prepare(run)
-        if _stopped_before_start(run):
-            _enter(run, "done")
-        else:
-            run.terminal = _caller_terminal()
-            _supervise_started(run)
+        _drive(run)
     except BaseException:
         _abandon(run)
         if run.containment is not None and run.pid is None:
@@ -5520,5 +5521,32 @@ def _exit(status):
     os._exit(status)
 
 
+def _main_once_parsed():
+    """main(), run from atexit when this file runs as a script: CPython keeps
+    a script's parse tree (~9 MiB here) until the script's code returns, and
+    only then frees it and calls atexit; our code then runs with that memory
+    back (malloc_trim in _prepare returns it to the system). The
+    interpreter is still whole at that point: imports, signals and fork
+    work as before."""
+    try:
+        status = main()
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # what main() did not turn into a line: say it, as Python would
+        import traceback
+        traceback.print_exc()
+        status = EXIT_FAILURE
+    _exit(status)
+
+
+# CPython 3.12.0 to 3.12.2 refuse fork() and new threads once the main
+# module's code has returned (gh-104690; undone in 3.12.3, gh-113964): there
+# main() runs at once, and keeps the parse tree.
+_MAIN_AFTER_THE_PARSE = not (3, 12, 0) <= sys.version_info[:3] < (3, 12, 3)
+
 if __name__ == "__main__":
-    _exit(main())
+    if _MAIN_AFTER_THE_PARSE:
+        import atexit
+        atexit.register(_main_once_parsed)
+    else:
+        _main_once_parsed()
