@@ -4892,10 +4892,7 @@ usage: %(prog)s --timeout DURATION [OPTIONS] -- COMMAND [ARG...]
 Run COMMAND under a deadline, drain every process it leaves behind, and write
 a JSON receipt that says what happened and whether it was confirmed.
 
-what is kept: nothing, by default: every process of the run is drained, at a
-natural exit as at a forced stop; --preserve-descendants-on-success keeps them
-all after the command exits 0 by itself; --keep-services keeps services it
-detached before a stop.
+what is kept: nothing by default (every process of the run is drained).
 
 options:
   --timeout DURATION         the deadline, from the command's start (required);

@@ -280,7 +280,10 @@ def test_from_the_root_directory_any_receipt_path_is_accepted(paths):
 
 def test_help_teaches_what_the_readme_does():
     text = run_supervisor("--help").stdout
-    for fragment in ("what is kept: nothing, by default", "drained", "TERM, INT, HUP",
+    # The policy in one line.
+    assert [line for line in text.splitlines() if line.startswith("what is kept")] == [
+        "what is kept: nothing by default (every process of the run is drained)."]
+    for fragment in ("drained", "TERM, INT, HUP",
                      "EACH of the three cleanup phases", "COMMAND never starts",
                      "cleanup_confirmed", "preserved", "exit_status", "--drain-all",
                      "--preserve-descendants-on-success", "--keep-services", "--containment",

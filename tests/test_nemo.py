@@ -74,12 +74,15 @@ class Session(object):
             "for _ in $(seq 1 %d); do [ -f %s ] && exit 0; sleep 1; done; exit 1" % (
                 seconds, q(self.receipt))])
 
-    def launch(self, command):
-        return spawn(["sh", "-c", self.launch_script(command)], cwd="/", stdout=None,
+    def launch(self, command, cwd="/"):
+        """The sandbox's exec of the launch script, from cwd: / where the
+        controller gives no workdir (docker exec, kubectl exec), else the
+        task's workdir (SandboxSession.execute passes its own)."""
+        return spawn(["sh", "-c", self.launch_script(command)], cwd=cwd, stdout=None,
                      stderr=None)
 
-    def stop(self, seconds=2):
-        return subprocess.run(["sh", "-c", self.stop_script(seconds)], cwd="/",
+    def stop(self, seconds=2, cwd="/"):
+        return subprocess.run(["sh", "-c", self.stop_script(seconds)], cwd=cwd,
                               timeout=60).returncode
 
     def logged(self, text):
@@ -180,6 +183,34 @@ def test_with_the_flag_any_other_ending_drains_everything(tmp_path, ending):
     assert receipt["timed_out"] is (ending == "timeout") and receipt["error"] is None
     assert receipt["return_code"] == (7 if ending == "7" else -signal.SIGTERM)
     assert session.read()["preserved"] == [] and not any(alive(pid) for pid in pids)
+
+
+def test_from_the_tasks_workdir_the_run_starts_there(tmp_path):
+    """The controller's exec runs in the task's workdir when it has one: no
+    --workdir is passed, so that directory is the command's, and the
+    session directory, elsewhere, holds the receipt."""
+    task = tmp_path / "task"
+    task.mkdir()
+    session = Session(tmp_path, "supervisor")
+    launcher = session.launch(["sh", "-c", "pwd > where; exit 0"], cwd=str(task))
+    assert launcher.wait(timeout=60) == 0
+    assert (task / "where").read_text().strip() == str(task)
+    assert normalised(session.read())["return_code"] == 0
+
+
+def test_a_session_directory_inside_the_tasks_workdir_is_refused(tmp_path):
+    """The receipt must stay out of the command's reach: a session directory
+    below the exec's working directory (the task's workdir) is refused
+    before anything starts, one line in the log, and no receipt: the
+    controller then reports the launch outcome unknown. The README's recipe
+    says to keep the session directory outside the task's workdir."""
+    task = tmp_path / "task"
+    task.mkdir()
+    session = Session(task, "supervisor")
+    launcher = session.launch(["touch", str(tmp_path / "ran")], cwd=str(task))
+    assert launcher.wait(timeout=60) == 125
+    assert not session.receipt.exists() and not (tmp_path / "ran").exists()
+    assert "inside the workdir" in session.log.read_text()
 
 
 def test_a_stop_before_the_launch_fences_it(tmp_path):

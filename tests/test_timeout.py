@@ -16,8 +16,14 @@ under "GNU timeout"):
   timeout(1) takes it for its own timer (124); and a stop sends the stop
   signal to every process of the run, not only to the command's group;
 - /proc must be this PID namespace's (an unshare --pid without
-  --mount-proc is refused: 125).
+  --mount-proc is refused: 125);
+- a SIGINT or SIGHUP the caller ignored stays ignored (timeout(1) catches
+  them whatever its caller had): nohup and a script's `cmd &` mean it.
+Not a case of theirs, but a difference all the same: without -k, timeout(1)
+never sends SIGKILL; here every stop ends in SIGKILL after the grace (10 s
+by default), so that nothing of the run is left.
 """
+import os
 import shlex
 import signal
 
@@ -67,6 +73,7 @@ STATUSES = [
     ("the deadline", [".1", "sleep", "10"], 124, None),
     ("--preserve-status", ["--preserve-status", ".1", "sleep", "10"], 143, None),
     ("-s0 -k1: SIGKILL after the grace", ["-s0", "-k1", ".1", "sleep", "10"], 137, None),
+    ("-s EXIT is -s 0", ["-s", "EXIT", "-k1", ".1", "sleep", "10"], 137, None),
     ("--foreground -s0 -k1", ["--foreground", "-s0", "-k1", ".1", "sleep", "10"], 137, 125),
     ("an invalid duration", ["invalid", "sleep", "0"], 125, None),
     ("a negative one", [" -0.1", "sleep", "0"], 125, None),
@@ -176,6 +183,18 @@ def test_a_blocked_sigalrm_in_the_caller_changes_nothing():
     result = run(timeout(".1", "sleep", "10"), cwd="/",
                  preexec_fn=plain_signals(blocked=[signal.SIGALRM]))
     assert result.returncode == 124
+
+
+def test_a_sigint_the_caller_ignored_stays_ignored():
+    """DIFFERENT, coreutils' timeout-group.sh (its first part): the caller
+    ignores SIGINT (a script's background job), and SIGINT is sent to the
+    caller's whole process group. timeout(1) takes it whatever its caller
+    had, and stops the command; here it stays ignored, by the supervisor and
+    the command, which runs to its end."""
+    script = ("trap '' INT; %s & job=$!; sleep 0.3; kill -INT -- -$$; wait $job; "
+              "echo status=$?" % shell_timeout("10", "sh", "-c", "sleep 1; exit 3"))
+    result = run(["sh", "-c", script], cwd="/", preexec_fn=plain_signals(then=os.setpgrp))
+    assert "status=3" in result.stdout, result.stdout + result.stderr
 
 
 def test_foreground_is_refused_with_the_reason():
