@@ -40,9 +40,33 @@ def examples():
 GROUPS, UNMARKED = examples()
 
 
+def read_json(path):
+    import json
+    with open(str(path)) as f:
+        return json.load(f)
+
+
+# What an example says it does, checked beyond its exit status: (a line of
+# its code, what must hold of (result, tmp_path)).
+CLAIMS = [
+    # Under GNU timeout: at our own deadline, the status is ours.
+    ("timeout 100 python3 supervisor.py",
+     lambda result, top: "exit status 124" in result.stdout),
+    # The CI step's test server is drained when the step ends, and -v says so.
+    ("-- sh ci-step.sh",
+     lambda result, top: " 1 drained" in result.stderr and "tests passed" in result.stdout
+     and read_json(top / "runner" / "receipt.json")["cleanup_confirmed"] is True),
+    # The owner's teardown ends what the receipt kept.
+    ("--end-kept ctl/receipt.json",
+     lambda result, top: "all kept processes are gone: ended 1" in result.stderr),
+]
+
+
 def test_every_example_is_marked():
     assert UNMARKED == [], "README blocks with no <!-- example --> or <!-- not run -->"
     assert len(GROUPS) >= 5
+    every_code = "".join(code for blocks in GROUPS.values() for _, code in blocks)
+    assert all(line in every_code for line, _ in CLAIMS)  # no claim checks nothing
 
 
 def background_log():
@@ -79,6 +103,9 @@ def test_the_example_runs_as_written(name, tmp_path):
             argv = ["bash", "-c", code] if language == "sh" else [PY, "-c", code]
             result = run(argv, cwd=str(here), env=env, stdout=subprocess.PIPE)
             assert result.returncode == 0, (code, result.stdout, result.stderr, background_log())
+            for line, holds in CLAIMS:
+                if line in code:
+                    assert holds(result, tmp_path), (code, result.stdout, result.stderr)
         # What an example left in the background (the controller's launch) ends.
         assert not fixed or wait_until(lambda: not os.path.exists("/tmp/session/supervisor.pid")
                                        or os.path.exists("/tmp/session/cleanup.json"))
