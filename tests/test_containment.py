@@ -13,7 +13,8 @@ import subprocess
 import pytest
 
 from conftest import (
-    IS_ROOT, KEEP, PY, alive, finish, kill_all, needs_cgroup, read_lines, read_lines_until,
+    IS_ROOT, KEEP, PY, alive, finish, kill_all, kill_pinned, needs_cgroup, read_lines,
+    read_lines_until,
     read_receipt, run, run_supervisor, start_supervisor, supervisor_cmd, wait_until,
 )
 
@@ -30,6 +31,16 @@ def cgroup_dir(path):
 def cgroup_procs(path):
     with open(cgroup_dir(path) + "/cgroup.procs") as f:
         return [int(pid) for pid in f.read().split()]
+
+
+def remove_test_cgroup(directory):
+    """Remove a cgroup a test made, killing (by pidfd, and only our
+    descendants) what a failed test left in it, so that it can go."""
+    with open(directory + "/cgroup.procs") as f:
+        for pid in f.read().split():
+            kill_pinned(int(pid))
+    assert wait_until(lambda: not open(directory + "/cgroup.procs").read().split())
+    os.rmdir(directory)
 
 
 def our_cgroups():
@@ -112,7 +123,7 @@ def test_a_process_moved_out_of_the_runs_cgroup_is_still_drained(paths, tmp_path
         assert not alive(escaped)
         assert escaped in [p["pid"] for p in receipt["drained"]]
     finally:
-        os.rmdir(other)
+        remove_test_cgroup(other)
 
 
 @needs_cgroup
@@ -222,6 +233,36 @@ def test_where_no_cgroup_can_be_made_auto_falls_back_and_cgroup_refuses(paths):
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and "--containment cgroup" in lines[0] and "read-only" in lines[0]
     assert not paths.receipt.exists()
+
+
+@needs_cgroup
+def test_auto_leaves_a_systemd_units_cgroup_alone_unless_it_is_delegated(paths):
+    """On a systemd host (/run/systemd/system, here a tmpfs of a private
+    mount namespace), a cgroup named for a unit (.service, .scope, .slice)
+    is systemd's: auto does not make the run's cgroup in it, and says why;
+    once the unit is delegated (the trusted.delegate attribute, as
+    Delegate=yes sets it), it does, below the unit's."""
+    unit = os.path.join(CGROUP_ROOT, "test-%d.service" % os.getpid())
+    os.mkdir(unit)
+    try:
+        for delegated in (False, True):
+            if delegated:
+                os.setxattr(unit, "trusted.delegate", b"1")
+            script = ("mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system && "
+                      "echo $$ > %s/cgroup.procs && exec %s" % (unit, " ".join(
+                          shlex.quote(str(a)) for a in supervisor_cmd(
+                              *paths.options() + ["--", "true"]))))
+            result = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script])
+            assert result.returncode == 0, result.stderr
+            receipt = read_receipt(paths.receipt)
+            if delegated:
+                assert receipt["containment"] == "cgroup", receipt["cgroup_unavailable"]
+                assert receipt["cgroup"].startswith("/" + os.path.basename(unit) + "/")
+            else:
+                assert receipt["containment"] == "children"
+                assert "systemd manages" in receipt["cgroup_unavailable"]
+    finally:
+        remove_test_cgroup(unit)
 
 
 def test_an_unknown_containment_is_refused(paths):

@@ -332,12 +332,13 @@ def test_as_pid_1_of_a_pid_namespace(paths):
 
 # --- 6. Odd parents ----------------------------------------------------------------------------
 
-def test_nested_supervisors_an_outer_stop_stops_the_inner_cleanly(paths, tmp_path):
+def test_nested_supervisors_an_outer_stop_stops_the_inner_cleanly(paths, tmp_path, containment):
+    kind, options = containment
     inner_receipt = tmp_path / "inner.json"
-    inner = supervisor_cmd("--timeout", 60, "--cleanup-timeout", 1, "--receipt", inner_receipt,
-                           "--workdir", paths.work, "--", *tree_cmd(
+    inner = supervisor_cmd(*options + ["--timeout", 60, "--cleanup-timeout", 1, "--receipt",
+                                       inner_receipt, "--workdir", paths.work, "--"] + tree_cmd(
                                {"name": "cmd", "children": [{"name": "tool", "session": True}]}))
-    proc = start_supervisor(*paths.options(cleanup=5, stop=True) + ["--"] + inner)
+    proc = start_supervisor(*paths.options(cleanup=5, stop=True) + options + ["--"] + inner)
     lines = read_lines_until(proc.stdout, "READY")
     paths.stop.write_text("")
     status, _, err = finish(proc)
@@ -351,25 +352,28 @@ def test_nested_supervisors_an_outer_stop_stops_the_inner_cleanly(paths, tmp_pat
     assert outer["return_code"] == 143  # the inner one exited, it was not killed
     pids = [int(line.split()[2]) for line in lines if line.startswith("NODE")]
     assert not any(alive(pid) for pid in pids)
-    if outer["containment"] == "cgroup":  # each makes its cgroup below its own
+    assert outer["containment"] == inner["containment"] == kind
+    if kind == "cgroup":  # each makes its cgroup below its own
         assert inner["cgroup"].startswith(outer["cgroup"] + "/")
         assert not os.path.exists("/sys/fs/cgroup/unified" + outer["cgroup"])
 
 
-def test_nested_supervisors_the_outer_drains_what_a_killed_inner_left(paths, tmp_path):
+def test_nested_supervisors_the_outer_drains_what_a_killed_inner_left(paths, tmp_path,
+                                                                     containment):
+    kind, options = containment
     spec = {"name": "cmd", "ignore_term": True, "children": [
         {"name": "a", "ignore_term": True}, {"name": "b", "session": True, "ignore_term": True}]}
-    inner = supervisor_cmd("--timeout", 60, "--cleanup-timeout", 30, "--receipt",
-                           tmp_path / "inner.json", "--workdir", paths.work, "--",
-                           *tree_cmd(spec))
-    proc = start_supervisor(*paths.options(cleanup=0.5, stop=True) + ["--"] + inner)
+    inner = supervisor_cmd(*options + ["--timeout", 60, "--cleanup-timeout", 30, "--receipt",
+                                       tmp_path / "inner.json", "--workdir", paths.work, "--"]
+                           + tree_cmd(spec))
+    proc = start_supervisor(*paths.options(cleanup=0.5, stop=True) + options + ["--"] + inner)
     lines = read_lines_until(proc.stdout, "READY")
     paths.stop.write_text("")
     status, _, err = finish(proc)
     assert status == 137, err
     outer = read_receipt(paths.receipt)
     assert outer["return_code"] == -signal.SIGKILL  # the inner supervisor was killed
-    assert outer["cleanup_confirmed"] is True
+    assert outer["cleanup_confirmed"] is True and outer["containment"] == kind
     assert not (tmp_path / "inner.json").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".inner")] == []
     pids = [int(line.split()[2]) for line in lines if line.startswith("NODE")]
