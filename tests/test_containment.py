@@ -213,6 +213,24 @@ def test_usage_comes_from_the_cgroup(paths):
     assert usage["fork_rss_kib"] > 0
 
 
+def test_usage_reads_memory_peak_where_the_memory_controller_is_on(tmp_path):
+    """Where the memory controller is on for the run's cgroup (not here: this
+    host keeps it in cgroup v1), memory.peak is the run's peak, all of its
+    processes at once. The reading itself, on a cgroup's files as the kernel
+    writes them."""
+    (tmp_path / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\n"
+                                       "system_usec 500000\nnr_periods 0\n")
+    (tmp_path / "memory.peak").write_text("10485760\n")
+    code = ("import os, supervisor as s\n"
+            "fd = os.open(%r, os.O_RDONLY | os.O_DIRECTORY)\n"
+            "print(s._cgroup_usage(s._Cgroup('/run', %r, fd, False)))\n" % (
+                str(tmp_path), str(tmp_path)))
+    result = run([PY, "-c", code], cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str({"source": "cgroup", "cpu_user_s": 1.0,
+                                         "cpu_system_s": 0.5, "memory_peak_kib": 10240})
+
+
 @pytest.mark.skipif(not IS_ROOT or not os.path.isdir(CGROUP_ROOT),
                     reason="needs root and a cgroup v2 mount to make read-only")
 def test_where_no_cgroup_can_be_made_auto_falls_back_and_cgroup_refuses(paths):
