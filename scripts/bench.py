@@ -103,10 +103,11 @@ How each row is measured
       malloc_trim(0) before the fork). Both are then stopped with SIGTERM
       (the supervisor's exit 143 is checked). max(pairs-big, pairs / 2)
       pairs after one dropped. Checked: difference of the medians <= 4.5 MiB.
-      P10c-m: the same for `PY -m supervisor`. A script's parse tree stays
-      alive while it runs (CPython frees it when the script's code returns):
-      ~9 MiB for supervisor.py on 3.11, which malloc_trim cannot give back;
-      imported, the module's parse tree is freed once compiled.
+      P10c-m: the same for `PY -m supervisor` (bytecode cached by a warm-up
+      run where the directory allows). A script's parse tree (~9 MiB on
+      3.11) lives until the script's code returns: supervisor.py runs its
+      main() from atexit, once CPython has freed it (not on 3.12.0-3.12.2).
+      What is left over a cached import is the compiler's fragmentation.
   P11 crowded host: the P6 stop of N=100 (SIGTERM -> exit, and the
       supervisor's CPU as in P8), on the quiet host and with P9's 5,000
       sleeps present (the bench's children, not the supervisor's). Starting
@@ -188,7 +189,8 @@ How each row is measured
       50 s after the stop file is killed (a miss).
   P14 receipt at its cap: the command (a helper the bench writes) starts
       1,000 `sh -c 'sleep 600; :' x A1..A10`, each argument 7,000 bytes
-      (about 70 KB of argv each; sh keeps its argv, as it has work after the
+      that are not UTF-8 (0xff: each becomes U+FFFD, six characters of JSON,
+      the receipt's worst case) (about 70 KB of argv each; sh keeps its argv, as it has work after the
       sleep, and forks the sleep), says "READY" once all have exec'd sh, and
       is stopped by a stop file: 2,001 processes to drain, 1,000 with long
       argv, whose receipt the supervisor cuts to its cap. 5 runs (--quick 2)
@@ -324,7 +326,7 @@ os._exit(0)
 # last one has. argv[2] says what each child is. "sessions SLEEP": in a
 # session of its own with SIGTERM ignored (kept through the exec), `sleep
 # 600`. "argv COUNT BYTES SH": in the helper's group, stdio on /dev/null,
-# `sh -c 'sleep 600; :' x A1..A_COUNT`, each argument BYTES long. The helper
+# `sh -c 'sleep 600; :' x A1..A_COUNT`, each argument BYTES long, not UTF-8. The helper
 # itself obeys SIGTERM.
 FANOUT_HELPER = r'''
 import os, signal, sys
@@ -337,7 +339,8 @@ def child(kind, args):
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
-    os.execv(sh, [sh, "-c", "sleep 600; :", "x"] + ["%02d" % i + "a" * (size - 2)
+    # Not UTF-8 (0xff): each byte becomes U+FFFD, six characters of JSON.
+    os.execv(sh, [sh, "-c", "sleep 600; :", "x"] + [b"%02d" % i + b"\xff" * (size - 2)
                                                     for i in range(count)])
 def main():
     n, kind, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
