@@ -1682,7 +1682,9 @@ class _ProcContainment(object):
         """One look from this process down (see the class docstring): the live
         processes in scope, parents first. With sig, each of them is proven
         and pinned, and those outside the group are sent sig as they are
-        found; with kill, SIGKILL too once their children are done."""
+        found; with kill, SIGKILL too once their children are done. With
+        scan, one scan of /proc instead of the children files (the census,
+        where those failed: the reaper, which reads them too, waits)."""
         walk = _Walk()
         look = self._look(walk, endtime, scan)
         # Items are (parent node, pid) to visit, or (node, None) to leave.
@@ -1691,7 +1693,7 @@ class _ProcContainment(object):
         try:
             while stack:
                 out_of_time = endtime is not None and _now() >= endtime
-                if not out_of_time:
+                if not out_of_time and not scan:  # scan: the reaper's lists failed
                     self.reaper.reap_when_due()
                 parent, pid = stack.pop()
                 if pid is None:
