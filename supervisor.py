@@ -98,7 +98,7 @@ _RECEIPT_LIMIT = 1 << 20
 # shares its memory with one stuck in D state may never get: the read is
 # done by a thread of its own, waited for this long, then abandoned; after
 # this many abandoned readers no argv is read any more.
-_ARGV_READ_LIMIT = 0.1
+_ARGV_READ_LIMIT = 0.25
 _STUCK_READERS = 4
 # A census of what is alive, for `survivors` when the run is not confirmed.
 _CENSUS_LIMIT = 0.5
@@ -655,11 +655,14 @@ class _ProcFS(object):
             raise SupervisorError("/proc belongs to another PID namespace; mount this one's "
                                   "(unshare --mount-proc, or mount -t proc proc /proc)")
 
-    def open(self, path, flags=os.O_RDONLY):
-        """A descriptor on /proc/path, opened without crossing a mount."""
-        return _open_beneath(self.fd, self.device, self.openat2, path, flags, "/proc")
+    def open(self, path, flags=os.O_RDONLY, at=None):
+        """A descriptor on /proc/path, opened without crossing a mount (below
+        `at`, a copy of our /proc descriptor, where given)."""
+        return _open_beneath(self.fd if at is None else at, self.device, self.openat2, path,
+                             flags, "/proc")
 
-    def read(self, path, one_record=False, first_page=False, endtime=None, limit=None):
+    def read(self, path, one_record=False, first_page=False, endtime=None, limit=None,
+             at=None):
         """The bytes of /proc/path, or None when what it describes is gone.
         Read to EOF: a seq_file answers a read with at most a page of whole
         records, so a short read is not the end (a list of 700 children is
@@ -667,9 +670,9 @@ class _ProcFS(object):
         one record; cmdline, no seq_file), read once unless it fills 4 KiB.
         first_page: only what one read gives (a seq_file's first records).
         endtime: no page more once it has passed (the caller is out of time).
-        limit: no more than that many bytes."""
+        limit: no more than that many bytes. at: see open()."""
         try:
-            fd = self.open(path)
+            fd = self.open(path, at=at)
         except OSError as e:
             return self._gone_or_raise(e, path)
         try:
@@ -778,9 +781,9 @@ class _ProcFS(object):
             if self._may_hang(proc):
                 return _UNREAD
             if self.side_reads is None:
-                self.side_reads = _AbandonableReads()
-            data = self.side_reads.run(lambda: self.read(
-                "%d/cmdline" % proc.pid, one_record=True, limit=_ARGV_LIMIT + 1))
+                self.side_reads = _AbandonableReads(self.fd)
+            data = self.side_reads.run(lambda at: self.read(
+                "%d/cmdline" % proc.pid, one_record=True, limit=_ARGV_LIMIT + 1, at=at))
             if data is _ABANDONED:
                 return _UNREAD
             if data:
@@ -824,24 +827,28 @@ class _AbandonableReads(object):
     own while the caller waits at most _ARGV_READ_LIMIT. A read that takes
     longer is abandoned: its thread stays blocked (a killable wait: our exit
     ends it) and exits if it ever wakes; the next read gets a new thread.
-    After _STUCK_READERS abandoned threads, nothing more is read. One handoff
+    Once _STUCK_READERS threads were abandoned in this process (or could not
+    be started: pids.max, a fork bomb), nothing more is read. One handoff
     costs ~13 us; a thread is made only when an argv is first read (a
     cleanup that ends something)."""
 
-    def __init__(self):
-        self.reader, self.abandoned = None, 0
+    abandoned = 0  # in this process, all runs together: each such thread may live on
+
+    def __init__(self, proc_fd):
+        self.proc_fd, self.reader = proc_fd, None
 
     def run(self, job):
-        """job() in the reader thread: its result (or its exception, raised
-        here), or _ABANDONED."""
-        if self.abandoned >= _STUCK_READERS:
+        """job(fd), fd a /proc descriptor of the reader thread's own, run in
+        that thread: its result (or its exception, raised here), or
+        _ABANDONED."""
+        if _AbandonableReads.abandoned >= _STUCK_READERS:
             return _ABANDONED
         if self.reader is None:
-            self.reader = _ReaderThread()
-        outcome = self.reader.ask(job, _ARGV_READ_LIMIT)
+            self.reader = _ReaderThread.start(self.proc_fd)
+        outcome = _ABANDONED if self.reader is None else self.reader.ask(job, _ARGV_READ_LIMIT)
         if outcome is _ABANDONED:
-            self.reader.close()
-            self.reader, self.abandoned = None, self.abandoned + 1
+            self.close()
+            _AbandonableReads.abandoned += 1
             return _ABANDONED
         value, error = outcome
         if error is not None:
@@ -856,9 +863,31 @@ class _AbandonableReads(object):
 
 class _ReaderThread(object):
     """One thread that runs a job when asked, and exits when closed (at once
-    if idle; else once its job returns). Its signals stay blocked, as the
-    thread that made it had them: every signal is ours to read from the
-    signalfd. Only _thread: the threading module costs ms to import."""
+    if idle; else once its job returns). It reads /proc through a descriptor
+    of its own, closed as it exits: an abandoned one that wakes late cannot
+    use a number reused since. Its signals stay blocked, as the thread that
+    made it had them: every signal is ours to read from the signalfd. Only
+    _thread: the threading module costs ms to import."""
+
+    @classmethod
+    def start(cls, proc_fd):
+        """A running reader, or None when none could be started (no thread
+        left, no descriptor, or it did not get going within the limit)."""
+        import _thread
+        reader = cls()
+        try:
+            reader.fd = _high_fd(os.dup(proc_fd))
+        except OSError:
+            return None
+        try:
+            _thread.start_new_thread(reader._serve, ())
+        except RuntimeError:  # can't start new thread
+            os.close(reader.fd)
+            return None
+        if not reader.answered.acquire(True, _ARGV_READ_LIMIT):  # its hello
+            reader.close()
+            return None
+        return reader
 
     def __init__(self):
         import _thread
@@ -867,22 +896,26 @@ class _ReaderThread(object):
         self.answered.acquire()
         self.job = self.outcome = None
         self.closed = False
-        _thread.start_new_thread(self._serve, ())
+        self.fd = None
 
     def _serve(self):
-        while True:
-            self.asked.acquire()
-            job = self.job
-            if self.closed or job is None:
-                return
-            try:
-                outcome = (job(), None)
-            except Exception as e:
-                outcome = (None, e)
-            if self.closed:
-                return  # abandoned while it read: nobody waits for it any more
-            self.outcome = outcome
-            self.answered.release()
+        try:
+            self.answered.release()  # hello: running
+            while True:
+                self.asked.acquire()
+                job = self.job
+                if self.closed or job is None:
+                    return
+                try:
+                    outcome = (job(self.fd), None)
+                except Exception as e:
+                    outcome = (None, e)
+                if self.closed:
+                    return  # abandoned while it read: nobody waits for it any more
+                self.outcome = outcome
+                self.answered.release()
+        finally:
+            os.close(self.fd)
 
     def ask(self, job, seconds):
         self.job = job
@@ -1588,7 +1621,7 @@ class _ProcContainment(object):
             walk = self._walk(scope, endtime=endtime, careful=False)
         except ObservationError:
             walk = self._walk(scope, endtime=endtime, careful=False, scan=True)
-        return walk.found, walk.whole
+        return walk.found, walk.whole and walk.stable  # disturbed: some may have been missed
 
     def fields(self):
         return {"containment": self.kind}
@@ -4424,7 +4457,10 @@ def _link_hops(path, limit=40):
             text = os.readlink(path)
         except OSError:
             break  # not a link (any more), or gone: the end of the chain
-        path = os.path.normpath(os.path.join(os.path.realpath(os.path.dirname(path)), text))
+        # Where the kernel goes next: the target's directory as it resolves
+        # (itself perhaps through a link into /proc), then the name.
+        target = os.path.join(os.path.dirname(path), text)
+        path = os.path.join(os.path.realpath(os.path.dirname(target)), os.path.basename(target))
         hops.append(path)
     return hops
 
@@ -4596,14 +4632,23 @@ def _current_directory():
 
 def _absolute(path, option):
     """os.path.abspath, with a clear refusal when a relative path meets a
-    deleted current directory."""
-    if os.path.isabs(path):
-        return os.path.normpath(path)
-    try:
-        return os.path.abspath(path)
-    except FileNotFoundError:
-        raise UsageError("%s: %s is relative and the current directory was deleted; give "
-                         "an absolute path" % (option, path))
+    deleted current directory, or when its `..` would not mean what the
+    text says: after a symlink, the kernel's `..` is the parent of where the
+    link leads, so link/../x is judged and used as one path and read by a
+    controller as another."""
+    if not os.path.isabs(path):
+        try:
+            path = os.path.join(os.getcwd(), path)
+        except FileNotFoundError:
+            raise UsageError("%s: %s is relative and the current directory was deleted; "
+                             "give an absolute path" % (option, path))
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        upto = "/".join(parts[:i + 1])
+        if part == ".." and os.path.realpath(upto) != os.path.realpath(os.path.normpath(upto)):
+            raise UsageError("%s: %s has a '..' after a symlink; give the path without it"
+                             % (option, path))
+    return os.path.normpath(path)
 
 
 def _execute(run):
@@ -5526,25 +5571,38 @@ def _main_once_parsed():
     only then frees it and calls atexit; our code then runs with that memory
     back (malloc_trim in _prepare returns it to the system). The
     interpreter is still whole at that point: imports, signals and fork
-    work as before."""
+    work as before. Whatever happens, this exits with a status of its own:
+    CPython would swallow an exception from an atexit function and exit 0."""
+    status = EXIT_FAILURE
     try:
         status = main()
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:  # Ctrl-C before the signals were ours: die of it, as Python does
+        status = 128 + signal.SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     except BaseException:  # what main() did not turn into a line: say it, as Python would
         import traceback
         traceback.print_exc()
-        status = EXIT_FAILURE
-    _exit(status)
+    finally:
+        try:
+            _exit(status)
+        finally:
+            os._exit(status)
 
 
-# CPython 3.12.0 to 3.12.2 refuse fork() and new threads once the main
-# module's code has returned (gh-104690; undone in 3.12.3, gh-113964): there
-# main() runs at once, and keeps the parse tree.
-_MAIN_AFTER_THE_PARSE = not (3, 12, 0) <= sys.version_info[:3] < (3, 12, 3)
+def _main_after_the_parse():
+    """May main() wait for atexit? Not on CPython 3.12.0 to 3.12.2, which
+    refuse fork() and new threads once the main module's code has returned
+    (gh-104690; undone in 3.12.3, gh-113964); nor under python -i or
+    PYTHONINSPECT, which would open a prompt before the run."""
+    return (not (3, 12, 0) <= sys.version_info[:3] < (3, 12, 3)
+            and not sys.flags.inspect and not os.environ.get("PYTHONINSPECT"))
+
 
 if __name__ == "__main__":
-    if _MAIN_AFTER_THE_PARSE:
+    if _main_after_the_parse():
         import atexit
         atexit.register(_main_once_parsed)
     else:

@@ -8,6 +8,7 @@ Mounts happen in a private mount namespace (unshare --mount), so nothing
 reaches the host's; what a test mounts, freezes or starts, it undoes."""
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -55,6 +56,7 @@ TOOL = ("setsid -f sh -c 'echo $$ > tool; trap \"\" TERM; exec sleep 300'; "
 
 
 @needs_root
+@heavy  # its census scans every process: never beside thousands of another test's
 @pytest.mark.parametrize("kind", containments())
 def test_a_file_mounted_over_our_own_children_list_is_never_believed(paths, tmp_path, kind):
     """A root command bind-mounts an empty file over the supervisor's
@@ -292,6 +294,47 @@ def test_a_process_sharing_memory_with_one_in_d_state_cannot_stretch_the_bound(
     assert unread, receipt
 
 
+PIDS_V1 = "/sys/fs/cgroup/pids"
+
+
+@pytest.mark.skipif(not IS_ROOT or not os.path.isdir(PIDS_V1),
+                    reason="needs root and a cgroup v1 pids hierarchy (for pids.max)")
+def test_a_full_process_table_leaves_argv_unread_and_the_run_confirmed(paths):
+    """The command fills its pids.max (a fork bomb against the limit): the
+    thread that reads argv cannot be started either. The argv is then not
+    read (null); the run is drained and confirmed as ever (it used to fail:
+    'can't start new thread')."""
+    limited = os.path.join(PIDS_V1, "test-full-%d" % os.getpid())
+    os.mkdir(limited)
+    try:
+        with open(os.path.join(limited, "pids.max"), "w") as f:
+            f.write("60")
+        bomb = ("import os, time\n"
+                "for _ in range(200):\n"
+                "    try:\n"
+                "        if os.fork() == 0:\n"
+                "            time.sleep(300)\n"
+                "            os._exit(0)\n"
+                "    except OSError:\n"
+                "        break\n"
+                "print('full', flush=True)\n"
+                "time.sleep(300)\n")
+        script = "echo $$ > %s/cgroup.procs && exec %s" % (limited, " ".join(
+            shlex.quote(str(a)) for a in supervisor_cmd(*paths.options(
+                timeout=60, cleanup=2, stop=True) + ["--", PY, "-c", bomb])))
+        proc = spawn(["sh", "-c", script])
+        read_lines_until(proc.stdout, "full")
+        paths.stop.write_text("")
+        status, _, err = finish(proc)
+        receipt = read_receipt(paths.receipt)
+        assert status in (124, 137) and receipt["error"] is None, err
+        assert receipt["cleanup_confirmed"] is True and receipt["drained_count"] >= 50
+        assert [d for d in receipt["drained"] if d["command"] is None], receipt["drained"][:3]
+    finally:
+        assert wait_until(lambda: not open(os.path.join(limited, "cgroup.procs")).read().split())
+        os.rmdir(limited)
+
+
 def thread_states(pid):
     """The states of pid's threads, the command's only child below the supervisor."""
     states = []
@@ -421,8 +464,27 @@ def test_the_receipt_path_is_never_dev_stdout(paths, tmp_path, stdout):
     assert "status=125" in result.stdout, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1] == "/proc/self/fd/1"
     assert result.stderr.count("\n") == 1 and "/proc or /dev" in result.stderr
-    if stdout == "log file":
-        assert log.read_text() == ""  # no receipt went into the log either
+
+
+def test_a_dotdot_after_a_symlink_on_a_path_is_refused(paths, tmp_path):
+    """link/../receipt.json: the kernel's `..` is the parent of where the link
+    leads, the text's the directory holding the link; judged (and cleaned,
+    and written) as one path and read by a controller as the other, it let
+    a --user command put its own receipt where the controller reads.
+    Refused, for --receipt and --stop-file; a `..` with no link before it is
+    what it says, and taken."""
+    elsewhere = tmp_path / "elsewhere" / "deep"
+    elsewhere.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(elsewhere)
+    for option in ("--receipt", "--stop-file"):
+        result = run_supervisor("--timeout", 5, "--workdir", paths.work, option,
+                                tmp_path / "link" / ".." / "file", "--", "true")
+        assert result.returncode == 125, result.stderr
+        assert result.stderr.count("\n") == 1 and "'..' after a symlink" in result.stderr
+    result = run_supervisor("--timeout", 5, "--workdir", paths.work, "--receipt",
+                            elsewhere / ".." / "receipt.json", "--", "true")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "elsewhere" / "receipt.json").exists()
 
 
 def test_a_symlink_at_the_receipt_path_to_a_fifo_is_refused(paths, tmp_path):

@@ -27,7 +27,8 @@ RECEIPT_TYPES = {
     "cleanup_confirmed": bool, "cleanup_s": float, "ladder": list, "containment": str,
     "cgroup": (str, type(None)), "kept_cgroup": (str, type(None)),
     "cgroup_unavailable": (str, type(None)),
-    "user": (dict, type(None)), "preserved": list, "survivors": list, "survivors_count": int,
+    "user": (dict, type(None)), "preserved": list, "survivors": list,
+    "survivors_count": (int, type(None)),
     "unattributed": list, "drained": list, "drained_count": int, "omitted": dict,
     "usage": dict, "error": (str, type(None)),
 }

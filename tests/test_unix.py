@@ -252,6 +252,25 @@ def test_ctrl_c_on_the_terminal_ends_the_command(paths):
     assert not alive(int((paths.work / "member").read_text()))
 
 
+def test_under_pythoninspect_the_run_still_comes_first(paths):
+    """Run as a script, main() waits for atexit (CPython frees the script's
+    parse tree first); but python -i or PYTHONINSPECT open a prompt on a
+    terminal before atexit, and the run would wait behind it: there main()
+    runs at once."""
+    argv = ["env", "PYTHONINSPECT=1"] + supervisor_cmd(*paths.options() + [
+        "--", "sh", "-c", "echo command ran; exit 7"])
+    proc, master = spawn_in_pty(argv)
+    try:
+        read_pty_until(master, "command ran")
+        assert proc.wait(timeout=20) == 7
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert read_receipt(paths.receipt)["return_code"] == 7
+
+
 def test_the_terminal_comes_back_to_an_api_caller_after_a_failed_exec(tmp_path):
     probe = ("import os, sys\n"
              "sys.path.insert(0, %r)\n"
