@@ -329,18 +329,20 @@ def test_against_the_proc_walk_a_storm_ends_within_the_bound_and_the_receipt_is_
     them is a race for the CPU, which a loaded machine can lose (how often,
     for each storm, scripts/bench.py measures); the contract holds either
     way: the run ends within timeout + 3 x cleanup + 3 s, and the receipt
-    says confirmed only when nothing of the run is alive. (A cleanup timeout
-    of 1 s: when the walk loses, the run takes its whole bound.)"""
+    says confirmed only when nothing of the run is alive. (Starved of the CPU
+    by the storm's sessions and the loops beside it, each step overruns its
+    budget by up to a second: a cleanup timeout of 1 s leaves the 3 s of the
+    bound's slack too little room.)"""
     if wrapper and not IS_ROOT:
         pytest.skip("needs root: CAP_SYS_NICE to drop")
     monkeypatch.setenv("SUPERVISOR_CONTAINMENT", kind)
-    argv = wrapper + supervisor_cmd(*paths.options(timeout=1, cleanup=1) + [
+    argv = wrapper + supervisor_cmd(*paths.options(timeout=1, cleanup=2) + [
         "--containment", "proc", "--"] + storm)
     result = run(in_own_pid_namespace(argv))
     receipt = read_receipt(paths.receipt)
     assert receipt["containment"] == kind
     assert receipt["stop_reason"] == "timeout"
-    assert_the_contract(receipt, result.stdout, result.stderr, bound=1 + 3 * 1 + 3)
+    assert_the_contract(receipt, result.stdout, result.stderr, bound=1 + 3 * 2 + 3)
 
 
 CHURN = r"""
