@@ -387,19 +387,11 @@ def test_a_user_command_that_stops_itself_does_not_stop_the_supervisor(open_dir)
     """At a terminal, a command that has the terminal and stops (Ctrl-Z, or
     kill -STOP itself) takes the supervisor along, as a shell would; under
     --user the supervisor does not follow it: the deadline holds."""
-    from test_unix import read_pty_until, spawn_in_pty
+    from test_unix import run_in_pty_until
     argv = supervisor_cmd("--timeout", 1, "--cleanup-timeout", 1, "--workdir", open_dir["work"],
                           "--receipt", open_dir["receipt"], "--user", "nobody", "--",
                           "sh", "-c", "echo stopping; kill -STOP $$; sleep 300")
-    proc, master = spawn_in_pty(argv)
-    try:
-        read_pty_until(master, "stopping")
-        assert proc.wait(timeout=60) == 124
-    finally:
-        os.close(master)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    assert run_in_pty_until(argv, "stopping") == 124
     receipt = read_receipt(open_dir["receipt"])
     assert receipt["timed_out"] is True and receipt["cleanup_confirmed"] is True
 

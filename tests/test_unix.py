@@ -259,16 +259,22 @@ def test_under_pythoninspect_the_run_still_comes_first(paths):
     runs at once."""
     argv = ["env", "PYTHONINSPECT=1"] + supervisor_cmd(*paths.options() + [
         "--", "sh", "-c", "echo command ran; exit 7"])
+    assert run_in_pty_until(argv, "command ran", timeout=20) == 7
+    assert read_receipt(paths.receipt)["return_code"] == 7
+
+
+def run_in_pty_until(argv, line, timeout=60):
+    """Start argv on a terminal of its own, wait for `line` on it, then for
+    its exit: the status (killed and reaped whatever happens)."""
     proc, master = spawn_in_pty(argv)
     try:
-        read_pty_until(master, "command ran")
-        assert proc.wait(timeout=20) == 7
+        read_pty_until(master, line)
+        return proc.wait(timeout=timeout)
     finally:
         os.close(master)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert read_receipt(paths.receipt)["return_code"] == 7
 
 
 def test_the_terminal_comes_back_to_an_api_caller_after_a_failed_exec(tmp_path):
