@@ -92,16 +92,12 @@ DEFAULT_CONTAINMENT = "cgroup" if HAS_CGROUP else "children"
 KEEP = ["--keep-services"]
 
 
-@pytest.fixture(params=["cgroup", "children", "scan"])
-def containment(request, monkeypatch):
-    """Each containment in turn: (its name, the options that choose it). The
-    scan is the /proc walk without children files, forced by the variable
-    the supervisor reads for it."""
+@pytest.fixture(params=["cgroup", "children"])
+def containment(request):
+    """Each containment in turn: (its name, the options that choose it)."""
     kind = request.param
     if kind == "cgroup" and not HAS_CGROUP:
         pytest.skip("needs a writable cgroup v2 hierarchy (root)")
-    if kind == "scan":
-        monkeypatch.setenv("SUPERVISOR_CONTAINMENT", "scan")
     return kind, ["--containment", "cgroup" if kind == "cgroup" else "proc"]
 REQUIRED = [v for v in os.environ.get("SUPERVISOR_REQUIRE_PYTHONS", "").split(",") if v]
 THIS_PYTHON = "%d.%d" % sys.version_info[:2]
@@ -125,16 +121,11 @@ def pytest_collection_modifyitems(config, items):
     """Tests that run processes as nobody (those that take open_dir) share a
     uid: a supervisor with --user nobody counts every other process of that
     uid that started during its run against its confirmation, as it must. So
-    they run in one xdist group, one at a time, never beside each other.
-    A scan reads every process of the host, as many as a storm beside it
-    makes: the scan's runs join the storms' group, never beside one."""
+    they run in one xdist group, one at a time, never beside each other."""
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if params.get("containment") == "scan":
-            item.add_marker(heavy)
-        elif "open_dir" in getattr(item, "fixturenames", ()):
+        if "open_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("nobody"))
 
 

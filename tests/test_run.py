@@ -29,7 +29,7 @@ RECEIPT_TYPES = {
     "cgroup_unavailable": (str, type(None)),
     "user": (dict, type(None)), "preserved": list, "survivors": list,
     "survivors_count": (int, type(None)),
-    "unattributed": list, "drained": list, "drained_count": int, "omitted": dict,
+    "unattributed": list, "drained": list, "drained_count": int,
     "usage": dict, "error": (str, type(None)),
 }
 
@@ -277,7 +277,7 @@ def test_forced_stop_keeps_a_detached_service_with_keep_services(paths):
         assert not alive(nodes["member"]) and not alive(nodes["cmd"])
         receipt = read_receipt(paths.receipt)
         assert receipt["preserved"][0]["pid"] == nodes["service"]
-        assert "tree.py" in " ".join(receipt["preserved"][0]["command"])
+        assert receipt["preserved"][0]["name"] == os.path.basename(PY)[:15]
         assert receipt["cleanup_confirmed"] is True
     finally:
         kill_all([nodes["service"], nodes["worker"]])
@@ -420,7 +420,7 @@ def test_receipt_has_every_key_with_its_type(paths):
         assert isinstance(receipt[key], types), (key, receipt[key])
     assert receipt["command"] == ["true"]
     assert receipt["workdir"] == str(paths.work)
-    assert receipt["schema_version"] == 3 and receipt["containment"] == DEFAULT_CONTAINMENT
+    assert receipt["schema_version"] == 4 and receipt["containment"] == DEFAULT_CONTAINMENT
     assert receipt["started_at"].endswith("Z") and receipt["ended_at"] >= receipt["started_at"]
 
 
@@ -448,7 +448,7 @@ def test_receipt_lists_survivors_when_cleanup_fails(tmp_path, paths):
         assert receipt["stop_reason"] == "stop_file"
         survivor = receipt["survivors"][0]
         assert survivor["pid"] == nodes["stuck"] and survivor["state"] == "D"
-        assert set(survivor) == {"pid", "ppid", "pgid", "sid", "state", "command"}
+        assert set(survivor) == {"pid", "ppid", "pgid", "sid", "state", "name"}
     finally:
         with open(os.path.join(cgroup, "freezer.state"), "w") as f:
             f.write("THAWED")

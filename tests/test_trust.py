@@ -56,24 +56,21 @@ def one_line(stderr, *fragments):
 
 # --- 1, 2. The receipt path: never followed, never a device ------------------------------------
 
-def test_a_symlink_at_the_receipt_path_is_replaced_never_followed(paths, tmp_path):
-    victim = tmp_path / "victim"
-    victim.write_text("precious\n")
+@pytest.mark.parametrize("dangling", [False, True], ids=["to a file", "dangling"])
+def test_a_symlink_at_the_receipt_path_is_refused_and_left_as_it_is(paths, tmp_path, dangling):
+    """A symlink is no receipt: refused, never followed, never replaced (the
+    rename would destroy a link such as /dev/stdout), nothing made."""
+    victim = tmp_path / "nowhere" / "deeper" / "file" if dangling else tmp_path / "victim"
+    if not dangling:
+        victim.write_text("precious\n")
     paths.receipt.parent.mkdir()
     paths.receipt.symlink_to(victim)
-    result = run_supervisor(*paths.options() + ["--", "true"])
-    assert result.returncode == 0, result.stderr
-    assert victim.read_text() == "precious\n"
-    assert not paths.receipt.is_symlink() and read_receipt(paths.receipt)["exit_status"] == 0
-
-
-def test_a_dangling_symlink_at_the_receipt_path_creates_no_directories(paths, tmp_path):
-    paths.receipt.parent.mkdir()
-    paths.receipt.symlink_to(tmp_path / "nowhere" / "deeper" / "file")
-    result = run_supervisor(*paths.options() + ["--", "true"])
-    assert result.returncode == 0, result.stderr
+    result = run_supervisor(*paths.options() + ["--", "touch", paths.work / "ran"])
+    assert result.returncode == 125
+    one_line(result.stderr, "--receipt", "a symlink is there")
+    assert paths.receipt.is_symlink() and not (paths.work / "ran").exists()
+    assert dangling or victim.read_text() == "precious\n"
     assert not (tmp_path / "nowhere").exists()
-    assert read_receipt(paths.receipt)["exit_status"] == 0
 
 
 def test_a_fifo_at_the_receipt_path_is_refused(paths):
@@ -135,8 +132,8 @@ signal.pause()
 def test_a_look_that_fails_is_never_an_empty_one(paths):
     """A kept service (same uid) flips the supervisor's RLIMIT_NOFILE: /proc
     reads fail with EMFILE, and the cleanup of a member that ignores SIGTERM
-    must not be confirmed. The receipt is still written: its file was opened
-    at start."""
+    must not be confirmed. Writing the receipt needs a descriptor too: no
+    receipt (not confirmed), or one that says not confirmed, and why."""
     script = ("sh -c 'trap \"\" TERM; echo $$ > member; exec sleep 300' & "
               "while [ ! -s member ]; do sleep 0.01; done; "
               "%s -c '%s' $PPID > service; trap '' TERM; "
@@ -148,9 +145,10 @@ def test_a_look_that_fails_is_never_an_empty_one(paths):
             "service": (paths.work / "service").read_text().split()[1]}
     try:
         assert status == 125, err
-        receipt = read_receipt(paths.receipt)
-        assert receipt["cleanup_confirmed"] is False and receipt["exit_status"] == 125
-        assert "Too many open files (ulimit -n)" in receipt["error"], receipt["error"]
+        assert "Too many open files (ulimit -n)" in err, err
+        if paths.receipt.exists():
+            receipt = read_receipt(paths.receipt)
+            assert receipt["cleanup_confirmed"] is False and receipt["exit_status"] == 125
         assert "0 process(es)" not in err
         assert not alive(int(pids["member"]))
     finally:
@@ -234,11 +232,22 @@ def test_a_temporary_file_left_by_an_earlier_pid_1_does_not_block_the_receipt(pa
     assert read_receipt(paths.receipt)["supervisor_pid"] == 1
 
 
-def test_a_receipt_directory_swapped_for_a_symlink_cannot_move_the_receipt(paths, tmp_path):
+@pytest.mark.parametrize("made", [True, False], ids=["there", "made at the end"])
+def test_a_receipt_directory_swapped_for_a_symlink_cannot_move_the_receipt(paths, tmp_path,
+                                                                           made):
     """The directory is held open from the start: swapped during the run for
     a symlink into the workdir, the receipt still lands where it was meant to
-    (outside the workdir), and nothing lands inside."""
+    (outside the workdir), and nothing lands inside. One the supervisor is
+    to make at the end, made as a symlink meanwhile, is not followed: no
+    receipt (not confirmed), nothing inside."""
     out = paths.receipt.parent
+    if not made:
+        result = run_supervisor(*paths.options() + [
+            "--", "sh", "-c", "ln -s %s %s && exit 4" % (paths.work, out)])
+        assert result.returncode == 125 and "--receipt" in result.stderr
+        assert not (paths.work / "receipt.json").exists() and out.is_symlink()
+        return
+    out.mkdir()
     script = "mv %s %s/moved && ln -s %s %s && exit 4" % (out, tmp_path, paths.work, out)
     result = run_supervisor(*paths.options() + ["--", "sh", "-c", script])
     assert result.returncode == 4, result.stderr
@@ -246,12 +255,11 @@ def test_a_receipt_directory_swapped_for_a_symlink_cannot_move_the_receipt(paths
     assert json.loads((tmp_path / "moved" / "receipt.json").read_text())["exit_status"] == 4
 
 
-def test_without_o_tmpfile_the_receipt_goes_through_a_random_name(paths, tmp_path):
-    """Where the filesystem has no O_TMPFILE, the receipt is written under a
-    random name (O_EXCL) and renamed: it lands, and nothing else is left."""
-    out = tmp_path / "no-tmpfile"
-    code = ("import os; del os.O_TMPFILE\n"
-            "import supervisor as s\n"
+def test_the_receipt_goes_through_a_random_name(paths, tmp_path):
+    """The receipt is written under a random name (O_EXCL) and renamed: it
+    lands, in the directories made for it, and nothing else is left."""
+    out = tmp_path / "new" / "dir"
+    code = ("import supervisor as s\n"
             "r = s.supervise(['sh', '-c', 'exit 6'], 30, 2, workdir=%r)\n"
             "s.write_receipt(r, %r)\n" % (str(paths.work), str(out / "receipt.json")))
     subprocess.check_call([PY, "-c", code], cwd=SUPERVISOR.rsplit("/", 1)[0], timeout=60)
@@ -359,7 +367,7 @@ def test_preserved_lists_only_services_alive_when_the_receipt_is_written(paths):
         receipt = read_receipt(paths.receipt)
         assert [p["pid"] for p in receipt["preserved"]] == [keeps]
         assert receipt["preserved"][0]["start_time"] == proc_stat(keeps)[4]
-        assert receipt["preserved"][0]["command"] == ["sleep", "300"]
+        assert receipt["preserved"][0]["name"] == "sleep"
     finally:
         kill_all([keeps])
 
@@ -881,7 +889,7 @@ def test_a_supervisor_failure_gives_the_cpu_back_too(paths):
             kill_pinned(supervisor, signal.SIGINT)
         _, out, _ = finish_to_files(proc, paths.work.parent)
         assert out.splitlines()[-1].split()[-1] == "0", out
-        receipt = read_receipt(paths.receipt)
-        assert receipt["cleanup_confirmed"] is False
+        # Starved of descriptors, it may write no receipt: never a confirmed one.
+        assert not paths.receipt.exists() or not read_receipt(paths.receipt)["cleanup_confirmed"]
     finally:
         kill_all(service)

@@ -453,8 +453,7 @@ def test_a_supervisor_killed_with_sigkill_leaves_no_receipt(paths):
     proc.kill()
     proc.wait()
     try:
-        assert not paths.receipt.exists()
-        assert [p.name for p in paths.receipt.parent.iterdir()] == []
+        assert not paths.receipt.parent.exists()  # made when the receipt is written
     finally:
         for pid in nodes.values():
             kill_pinned(pid)
