@@ -205,7 +205,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 _PROC_SUPER_MAGIC = 0x9FA0
 _CGROUP2_SUPER_MAGIC = 0x63677270
-_CAP_SETGID, _CAP_SETUID, _CAP_SYS_PTRACE, _CAP_SYS_NICE = 6, 7, 19, 23
+_CAP_SETGID, _CAP_SETUID, _CAP_SYS_PTRACE = 6, 7, 19
 # The generic syscall table numbers them alike on every architecture but alpha.
 _SYS_PIDFD_SEND_SIGNAL = 424
 _SYS_PIDFD_OPEN = 434
@@ -600,20 +600,21 @@ class _ProcFS(object):
                                   "(unshare --mount-proc, or mount -t proc proc /proc)")
 
     def _check_visibility(self):
-        """hidepid hides other users' processes from a supervisor that may not
-        ptrace them: it would never see them to drain them. (subset=pid hides
-        no process.)"""
-        options = self._mount_options()
-        hidden = options.get("hidepid", "0")
-        if hidden in ("0", "off") or _has_capability(_CAP_SYS_PTRACE, self):
-            return
-        group = options.get("gid")
-        if group is not None and (int(group) == os.getegid() or int(group) in os.getgroups()):
+        """hidepid hides other users' processes (a setuid one of the run's,
+        say) from a supervisor that may not ptrace them, nor is in its gid:
+        it would never see them to drain them. (subset=pid hides none.)"""
+        device, options = "%d:%d" % (os.major(self.device), os.minor(self.device)), {}
+        for before, after in self.mountinfo():
+            if before[2:3] == [device] and after:
+                options.update(option.partition("=")[::2] for option in after[-1].split(","))
+        if options.get("hidepid", "0") in ("0", "off") or _has_capability(
+                _CAP_SYS_PTRACE, self) or int(options.get("gid", -1)) in os.getgroups() + [
+                    os.getegid()]:
             return
         raise SupervisorError(
             "/proc is mounted with hidepid=%s, which hides other users' processes from "
             "this supervisor; mount it without hidepid, or run the supervisor as root"
-            % hidden)
+            % options["hidepid"])
 
     def mountinfo(self):
         """[(fields before ' - ', fields after)] of our mount namespace."""
@@ -622,17 +623,6 @@ class _ProcFS(object):
             before, _, after = line.partition(" - ")
             table.append((before.split(), after.split()))
         return table
-
-    def _mount_options(self):
-        """The super options of the mount our /proc descriptor is on."""
-        device = "%d:%d" % (os.major(self.device), os.minor(self.device))
-        options = {}
-        for before, after in self.mountinfo():
-            if len(before) > 2 and before[2] == device and after:
-                for option in after[-1].split(","):
-                    name, _, value = option.partition("=")
-                    options[name] = value
-        return options
 
     def open(self, path, flags=os.O_RDONLY):
         """A descriptor on /proc/path, opened without crossing a mount."""
@@ -1802,16 +1792,10 @@ def _read_at(dir_fd, name):
 
 
 def _unescape(field):
-    """mountinfo writes space, tab, newline and backslash as \\ooo (octal)."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    """mountinfo writes space, tab, newline and backslash as \\ooo (octal):
+    every backslash in it starts one."""
+    parts = field.split("\\")
+    return parts[0] + "".join(chr(int(part[:3], 8)) + part[3:] for part in parts[1:])
 
 
 def _cgroup_for_run(fs):
@@ -2470,7 +2454,6 @@ class _Run(object):
         self.cgroup_unavailable = None  # why auto did not take a cgroup
         self.terminal = None            # fd 0, when the command was given the terminal
         self.subreaper_before = None
-        self.saved_nice = None          # our nice value while the cleanup has the CPU
         self.usage_before = None        # getrusage(RUSAGE_CHILDREN) at the command's start
         self.fork_rss_kib = None        # our own RSS when we forked the command
         self.supervisor_pid = os.getpid()
@@ -2965,32 +2948,6 @@ def _why_stopped(run):
     return "%s received" % _signal_name(run.stop_signal)
 
 
-def _take_the_cpu(run):
-    """A forced stop competes for the CPU with whatever of the run still
-    runs in our session (the command's group is in it). Where we may
-    (CAP_SYS_NICE) the cleanup runs at nice -20, given back at done. Only our
-    own priority: it dies with us. (The session's autogroup, which would
-    also outrank processes in sessions of their own, is shared with the
-    caller and outlived a SIGKILL of ours: it is left alone. With a cgroup
-    of the run's own, a storm ends at once and needs no priority.)"""
-    if not _has_capability(_CAP_SYS_NICE, run.fs):
-        return
-    try:
-        run.saved_nice = os.getpriority(os.PRIO_PROCESS, 0)
-        os.setpriority(os.PRIO_PROCESS, 0, -20)
-    except (OSError, ValueError):
-        run.saved_nice = None
-
-
-def _give_back_the_cpu(run):
-    saved, run.saved_nice = run.saved_nice, None
-    if saved is not None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, saved)
-        except (OSError, ValueError):
-            pass
-
-
 def _drive(run):
     """The driver, once the run is prepared: the states of a run, in order,
     and the phase each one runs. It alone moves the state.
@@ -3022,7 +2979,6 @@ def _drive(run):
         if run.stop_reason is not None:
             if run.report.pending:
                 run.containment.join(run.pid)
-            _take_the_cpu(run)
             _say(run, "stopping the run: %s; %s" % (_why_stopped(run), _first_signal(run)))
             endtime = _enter(run, "terminating")
             run.containment.look(keep, endtime)
@@ -3145,7 +3101,6 @@ def _finish(run):
     kept is what is alive now; then one last look, as kept services ran
     free since the confirming one: a process one of them handed us (it
     died) is the run's, alive. A look cut short claims nothing."""
-    _give_back_the_cpu(run)
     _reap_command(run)
     containment = run.containment
     endtime = _now() + _FINISH_LIMIT
@@ -3287,7 +3242,7 @@ def _reap_after_failure(run):
 
 def _abandon(run):
     """Kill the command's group (its leader is still held, so the id is
-    ours) and, with a cgroup, the whole run; give back the CPU priority."""
+    ours) and, with a cgroup, the whole run."""
     if run.pid is not None and not run.reaped:
         _quietly_signal(run.pid, signal.SIGKILL, group=True)
         _quietly_signal(run.pid, signal.SIGKILL)
@@ -3295,13 +3250,12 @@ def _abandon(run):
             run.containment.kill(_now())
         except Exception:
             pass  # it is what failed, perhaps
-    _give_back_the_cpu(run)
 
 
 def _release(run):
     """Give back what the run took: terminal, fds, signals, subreaper bit.
     Each step is best effort: the receipt no longer depends on it."""
-    steps = [lambda: _take_back_terminal(run), lambda: _give_back_the_cpu(run)]
+    steps = [lambda: _take_back_terminal(run)]
     for part in (run.watch, run.report, run.containment, run.budget, run.fs, run.catcher):
         if part is not None:
             steps.append(part.close)

@@ -239,6 +239,7 @@ SUPERVISOR = os.path.join(ROOT, "supervisor.py")
 # and drops the parse tree, which CPython keeps for a script while it runs.
 MODULE = "supervisor"
 PR_SET_CHILD_SUBREAPER = 36
+TIME = "/usr/bin/time"  # P0: GNU time, a parent smaller than either side
 GRACE = 0.2            # P7: --cleanup-timeout, and the yardstick's SIGTERM -> SIGKILL wait
 P3_TIMEOUT = 0.2       # P3: the deadline
 IDLE_WINDOW = 10.0     # P5/P9: seconds between the two CPU samples
@@ -502,8 +503,9 @@ def resolve_python(path):
 
 class Bench(object):
 
-    def __init__(self, py, pairs, pairs_big, quick):
+    def __init__(self, py, pairs, pairs_big, quick, nemo=None):
         self.py, self.pairs, self.pairs_big, self.quick = py, pairs, pairs_big, quick
+        self.nemo = nemo        # P0's baseline: NeMo Gym's process_supervisor.py
         self.window = 5.0 if quick else IDLE_WINDOW
         self.idle_count = 10 if quick else 30
         self.rows, self.notes = [], []
@@ -730,6 +732,74 @@ class Bench(object):
                 return seconds * 1000
             return run
         return self.paired(runner(argv_a, expect_a, env_a), runner(argv_b, expect_b), self.pairs)
+
+    # P0 ---------------------------------------------------------------------------------------
+
+    def timed_by_time(self, argv, cwd):
+        """One run of argv under /usr/bin/time, a parent smaller than either
+        side (a child's peak RSS starts at its parent's at the fork): (CPU
+        seconds of it and all it reaped, from wait4; its peak RSS in KiB, as
+        time's wait4 of it saw it; exit status)."""
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.chdir(cwd)
+                os.dup2(self.devnull, 0)
+                os.dup2(self.devnull, 1)
+                os.dup2(write_end, 2)
+                os.execve(TIME, [TIME, "-f", "peak %M"] + argv, self.env)
+            finally:
+                os._exit(127)
+        os.close(write_end)
+        _, status, usage = os.wait4(pid, 0)
+        with os.fdopen(read_end, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        peak = [int(line.split()[1]) for line in lines if line.startswith("peak ")]
+        if not peak:
+            raise BenchError("P0: /usr/bin/time said no peak RSS: %s" % " | ".join(lines[-3:]))
+        return usage.ru_utime + usage.ru_stime, peak[-1], exit_code(status)
+
+    def p0_lean_core(self):
+        """The lean core's targets, beside NeMo Gym's process_supervisor.py run
+        the same way: code lines, and a start-up as a copied script."""
+        lines = code_lines(SUPERVISOR)
+        self.add_row("P0-lines", "code lines of supervisor.py (codelines.py's count)", [lines],
+                     "lines", "<= 3000", lines, 3000.0)
+        if self.nemo is None:
+            self.note("P0: no --nemo PATH (NeMo Gym's process_supervisor.py): no side by side")
+            return
+        if not os.access(TIME, os.X_OK):
+            raise BenchError("P0 needs GNU time at %s (apt-get install time)" % TIME)
+        count = max(20, self.pairs)
+        progress("P0 start-up as a copied script, %d pairs beside NeMo Gym's" % count)
+        copies = {}
+        for name, source in (("ours", SUPERVISOR), ("theirs", self.nemo)):
+            directory = self._mkdir("p0-" + name)
+            copies[name] = (os.path.join(directory, "process_supervisor.py"), directory)
+            shutil.copyfile(source, copies[name][0])
+
+        def runner(name):
+            path, directory = copies[name]
+            receipt = os.path.join(directory, "receipt.json")
+
+            def run():
+                cpu, peak, status = self.timed_by_time(
+                    [self.py, "-I", path, "--timeout", "10", "--receipt", receipt, "--", "true"],
+                    cwd=self.work)
+                if status != 0:
+                    self.note("P0: %s exited %d" % (name, status))
+                return cpu * 1000, peak / 1024.0
+            return run
+        ours, theirs = self.paired(runner("ours"), runner("theirs"), count)
+        for key, row, unit, limit in ((0, "P0-cpu", "ms CPU", 1.4), (1, "P0-rss", "MiB", 1.5)):
+            a, b = [x[key] for x in ours], [x[key] for x in theirs]
+            ratio = median(a) / median(b)
+            self.add_row(row, "start-up as a copied script (PY -I FILE --timeout 10 --receipt R "
+                         "-- true), over NeMo Gym's", a, unit, "ratio <= %g" % limit, ratio, limit,
+                         yard=b, diff=ratio, diff_text="ratio",
+                         extra={"paired_ratio_median": median([x / y for x, y in zip(a, b)]),
+                                "baseline": self.nemo})
 
     # P1 ---------------------------------------------------------------------------------------
 
@@ -1890,7 +1960,7 @@ class Bench(object):
         goes between the two."""
         self.check_platform()
         self.probe_containments()
-        steps = (("P1", self.p1_startup), ("P2", self.p2_exit), ("P3", self.p3_deadline),
+        steps = (("P0", self.p0_lean_core), ("P1", self.p1_startup), ("P2", self.p2_exit), ("P3", self.p3_deadline),
                  ("P4", self.p4_stop_file), ("P5", self.p5_idle), ("P6", self.p6_p7_drains),
                  ("P10", self.p10_peak_rss), ("P14", self.p14_receipt_cap),
                  ("P12", self.p12_storm), ("P13", self.p13_many_sessions),
@@ -1933,6 +2003,31 @@ class Bench(object):
                 for fd in (self.devnull, self.stderr_fd):
                     os.close(fd)
                 shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def code_lines(path):
+    """Lines holding a token that is neither a comment nor part of a docstring
+    (the first statement of a module, class or function, when a string):
+    the count of the project's codelines.py."""
+    import ast
+    import io
+    import tokenize
+    with open(path, "rb") as f:
+        source = f.read()
+    docs = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and body and isinstance(
+                body[0], ast.Expr) and isinstance(getattr(body[0].value, "value", None), str):
+            docs.update(range(body[0].lineno, body[0].end_lineno + 1))
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENDMARKER, tokenize.ENCODING)
+    code = set()
+    for token in tokenize.tokenize(io.BytesIO(source).readline):
+        if token.type not in skip:
+            code.update(line for line in range(token.start[0], token.end[0] + 1)
+                        if line not in docs)
+    return len(code)
 
 
 def reference_tools():
@@ -2025,6 +2120,8 @@ def parse_args(argv):
                         help="pairs for the N=1000 rows, and P12's runs per variant up to 5 "
                         "(default: min(pairs, 12))")
     parser.add_argument("--quick", action="store_true", help="~10 pairs, for development")
+    parser.add_argument("--nemo", metavar="PATH", help="NeMo Gym's process_supervisor.py (at "
+                        "978ad55), fetched into a temporary folder: P0's baseline")
     parser.add_argument("--only", help="development: comma-separated groups to run "
                         "(P1,P2,P3,P4,P5,P6 (P6-P8),P10,P14,P12,P13,P11,P9); P9 needs "
                         "P4,P5,P6 for its ratios")
@@ -2055,7 +2152,7 @@ def main(argv=None):
         signal.signal(sig, interrupted)
 
     info = machine_info(py)
-    bench = Bench(py, args.pairs, args.pairs_big, args.quick)
+    bench = Bench(py, args.pairs, args.pairs_big, args.quick, args.nemo)
     error, status = None, 0
     gc.disable()  # no collector pauses inside the bench's own timings
     try:

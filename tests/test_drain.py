@@ -341,11 +341,12 @@ def test_against_the_proc_walk_a_storm_ends_within_the_bound_and_the_receipt_is_
 
 @pytest.mark.skipif(not IS_ROOT or not os.path.exists("/proc/self/autogroup"),
                     reason="needs root (CAP_SYS_NICE) and autogroups")
-def test_a_stop_takes_the_cpu_for_itself_only_and_gives_it_back(paths, tmp_path):
-    """A forced stop runs at nice -20 (the command sees it at its SIGTERM),
-    which dies with the supervisor; the session's autogroup, shared with the
-    caller and outliving a SIGKILL of the supervisor, is never touched: not
-    during the stop, not after, not by two supervisors of one session."""
+def test_a_stop_leaves_every_priority_alone(paths, tmp_path):
+    """A forced stop does not raise the supervisor's priority (nice), nor its
+    session's autogroup, which is shared with the caller and would outlive a
+    SIGKILL of the supervisor: not during the stop, not after, not with two
+    supervisors of one session. (With a cgroup a storm ends at once; without
+    one, the stop is a race for the CPU, and the receipt says how it went.)"""
     seen = tmp_path / "priority-at-sigterm"
     command = ("trap 'cat /proc/$PPID/autogroup > %s; cut -d\" \" -f19 /proc/$PPID/stat >> %s; "
                "exit 0' TERM; echo ready$0; sleep 30 & wait" % (seen, seen))
@@ -367,7 +368,7 @@ def test_a_stop_takes_the_cpu_for_itself_only_and_gives_it_back(paths, tmp_path)
     lines = out.splitlines()
     assert lines[0].split()[-1] == lines[-2].split()[-1] == "0" and lines[-1] == "0", out
     during_autogroup, during_nice = seen.read_text().splitlines()[:2]
-    assert during_autogroup.split()[-1] == "0" and during_nice == "-20", seen.read_text()
+    assert during_autogroup.split()[-1] == "0" and during_nice == "0", seen.read_text()
 
 
 # --- Every containment finds the same processes ---------------------------------------------------

@@ -19,9 +19,9 @@ import time
 import pytest
 
 from conftest import (
-    HAS_CGROUP, IS_ROOT, KEEP, PY, SUPERVISOR, alive, finish, kill_all, kill_pinned, plain_signals,
+    HAS_CGROUP, IS_ROOT, KEEP, PY, SUPERVISOR, alive, finish, kill_all, plain_signals,
     proc_stat, read_lines, read_lines_until, read_receipt, run, run_supervisor, spawn,
-    start_supervisor, stop_noticed_after, supervisor_below, supervisor_cmd, wait_until,
+    start_supervisor, stop_noticed_after, supervisor_cmd, wait_until,
 )
 
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root (--user, mounts, mknod)")
@@ -850,46 +850,3 @@ def test_a_refusal_after_the_receipt_check_leaves_no_earlier_receipt(paths):
     result = run_supervisor(*paths.options() + ["--stop-file", paths.receipt, "--", "true"])
     assert result.returncode == 125
     assert not paths.receipt.exists()
-
-
-@needs_root
-@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="needs autogroups")
-def test_a_supervisor_failure_gives_the_cpu_back_too(paths):
-    """The cleanup of a forced stop runs at nice -20 in its session's
-    autogroup; a failure (here: /proc starved of descriptors) must give it
-    back as a success does."""
-    flipper = FLIPPER.replace("while True:  # a kept service", (
-        "def nice():\n"
-        "    with open('/proc/%d/stat' % supervisor) as f:\n"
-        "        return int(f.read().rsplit(')', 1)[1].split()[16])\n"
-        "while nice() != -20:  # starve it once the cleanup has taken the CPU\n"
-        "    time.sleep(0.0005)\n"
-        "while True:  # a kept service"))
-    # The command ignores SIGTERM: the grace lasts until the service has
-    # starved the supervisor, then two stop signals hurry it (after a stop by
-    # the stop file the first is that stop again).
-    inner = supervisor_cmd(*paths.options(cleanup=60, stop=True) + KEEP + [
-        "--", "sh", "-c", "%s -c '%s' $PPID; trap '' TERM; touch ready; exec sleep 60" % (
-            PY, flipper.replace("'", "'\"'\"'"))])
-    script = "%s; cat /proc/self/autogroup" % " ".join(shlex.quote(str(a)) for a in inner)
-    proc = spawn_to_files(["setsid", "-w", "sh", "-c", script], paths.work.parent)
-    service = []
-    try:
-        assert wait_until((paths.work / "ready").exists, timeout=60)
-        paths.stop.write_text("")
-        out = paths.work.parent / "stdout"
-        assert wait_until(lambda: "service" in out.read_text(), timeout=60)
-        service = [int(line.split()[1]) for line in out.read_text().splitlines()
-                   if line.startswith("service")]
-        # Starved, it fails at its next look (a reap during the grace, say);
-        # if it is still in the grace, it is hurried to the drain's look.
-        supervisor = supervisor_below(proc.pid, missing_ok=True)
-        if supervisor is not None:  # by pidfd: it may have exited since
-            kill_pinned(supervisor, signal.SIGTERM)
-            kill_pinned(supervisor, signal.SIGINT)
-        _, out, _ = finish_to_files(proc, paths.work.parent)
-        assert out.splitlines()[-1].split()[-1] == "0", out
-        # Starved of descriptors, it may write no receipt: never a confirmed one.
-        assert not paths.receipt.exists() or not read_receipt(paths.receipt)["cleanup_confirmed"]
-    finally:
-        kill_all(service)
