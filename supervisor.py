@@ -425,17 +425,14 @@ def _filesystem_type(fd):
     return int.from_bytes(buf.raw[:libc.ctypes.sizeof(libc.ctypes.c_long)], sys.byteorder)
 
 
-def _has_capability(bit, fs=None):
+def _has_capability(bit):
     """Is capability `bit` in our effective set (CapEff in /proc/self/status,
-    read through fs, our /proc descriptor, once there is one)? No when it
-    cannot be read."""
+    read at the start, before the command could mount over /proc)? No when
+    it cannot be read."""
     try:
-        if fs is not None:
-            status = fs.read("self/status") or b""
-        else:
-            with open("/proc/self/status", "rb") as f:
-                status = f.read()
-    except (OSError, ObservationError):
+        with open("/proc/self/status", "rb") as f:
+            status = f.read()
+    except OSError:
         return False
     for line in status.splitlines():
         if line.startswith(b"CapEff:"):
@@ -511,6 +508,27 @@ def _signalfd(signals, fd=-1):
         code = libc.ctypes.get_errno()
         raise SupervisorError("signalfd: %s" % _os_error_text(OSError(code, os.strerror(code))))
     return made if fd != -1 else _acquire("signalfd", lambda: _high_fd(made))
+
+
+def _complain(message, patient=True):
+    """One line on stderr, whatever the message holds: a newline or another
+    control character in a path is escaped, so a second line can never be
+    someone else's text. SIGTTOU is blocked meanwhile (a background write to
+    a TOSTOP terminal then goes through instead of stopping us), and a line
+    stderr cannot take within a second (at once, unless patient: during a
+    stop) is dropped, as it is when stderr is closed or a broken pipe."""
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
+    data = ("%s: %s\n" % (_PROG, text)).encode("utf-8", "replace")
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTTOU])
+    try:
+        poller = select.poll()
+        poller.register(2, select.POLLOUT)
+        if poller.poll(1000 if patient else 0):
+            os.write(2, data)
+    except OSError:
+        pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _read_to_end(fd):
@@ -608,7 +626,7 @@ class _ProcFS(object):
             if before[2:3] == [device] and after:
                 options.update(option.partition("=")[::2] for option in after[-1].split(","))
         if options.get("hidepid", "0") in ("0", "off") or _has_capability(
-                _CAP_SYS_PTRACE, self) or int(options.get("gid", -1)) in os.getgroups() + [
+                _CAP_SYS_PTRACE) or int(options.get("gid", -1)) in os.getgroups() + [
                     os.getegid()]:
             return
         raise SupervisorError(
@@ -4247,27 +4265,6 @@ def _receipt_path_in(argv):
             found = value
         i += 1
     return found or None
-
-
-def _complain(message, patient=True):
-    """One line on stderr, whatever the message holds: a newline or another
-    control character in a path is escaped, so a second line can never be
-    someone else's text. SIGTTOU is blocked meanwhile (a background write to
-    a TOSTOP terminal then goes through instead of stopping us), and a line
-    stderr cannot take within a second (at once, unless patient: during a
-    stop) is dropped, as it is when stderr is closed or a broken pipe."""
-    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
-    data = ("%s: %s\n" % (_PROG, text)).encode("utf-8", "replace")
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTTOU])
-    try:
-        poller = select.poll()
-        poller.register(2, select.POLLOUT)
-        if poller.poll(1000 if patient else 0):
-            os.write(2, data)
-    except OSError:
-        pass
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _print(text):
