@@ -1546,8 +1546,9 @@ class _Cgroup(object):
     (openat2 RESOLVE_NO_XDEV, as /proc), so a root command that mounts over
     cgroup.events or the directory itself cannot feed us its own view."""
 
-    def __init__(self, path, shown, dir_fd, openat2):
-        self.path, self.shown = path, shown   # relative to the hierarchy's root; absolute
+    def __init__(self, mount_point, path, dir_fd, openat2):
+        self.mount_point, self.path = mount_point, path  # path: from the hierarchy's root
+        self.shown = mount_point.rstrip("/") + path
         self.fd, self.openat2 = dir_fd, openat2
         self.device = os.fstat(dir_fd).st_dev
         self.events_fd = self.procs_fd = None
@@ -1576,9 +1577,7 @@ class _Cgroup(object):
         pids = [int(word) for word in self.read("cgroup.procs").split()]
         for name in _subdirectories(self.fd):
             try:
-                below = _Cgroup(self.path + "/" + name, self.shown + "/" + name,
-                                _high_fd(self.open(name, os.O_RDONLY | os.O_DIRECTORY)),
-                                self.openat2)
+                below = self.child(name)
             except FileNotFoundError:
                 continue  # removed meanwhile (the nested supervisor is done)
             try:
@@ -1604,6 +1603,60 @@ class _Cgroup(object):
         """cgroup.kill, and wait until it is empty (True) or endtime (False)."""
         self.write("cgroup.kill", "1")
         return _wait_quietly(_EventWaiter(self, "populated", "0"), endtime)
+
+    def child(self, name):
+        """The cgroup `name` below this one, held open."""
+        fd = _high_fd(self.open(name, os.O_RDONLY | os.O_DIRECTORY))
+        return _Cgroup(self.mount_point, self.path.rstrip("/") + "/" + name, fd, self.openat2)
+
+    def make_child(self, name=None):
+        """A new cgroup below this one, under a name no other run can have: our
+        pid and random bytes (mkdir refuses a name that exists), or `name`;
+        flocked while we live (see remove_leftovers)."""
+        import fcntl
+        name = name or "treereap-%d-%s" % (os.getpid(), os.urandom(4).hex())
+        os.mkdir(name, 0o755, dir_fd=self.fd)
+        try:
+            cgroup = self.child(name)
+        except BaseException:
+            os.rmdir(name, dir_fd=self.fd)
+            raise
+        fcntl.flock(cgroup.fd, fcntl.LOCK_EX)
+        return cgroup
+
+    def remove_child(self, cgroup):
+        """rmdir the cgroup below this one, and first the empty ones below it.
+        False when it still holds a process (EBUSY): it stays, and the
+        receipt names it."""
+        try:
+            _remove_below(self.fd, cgroup.path.rsplit("/", 1)[-1])
+            return True
+        except OSError:
+            return False
+
+    def remove_leftovers(self):
+        """Empty cgroups below this one of supervisors that died (SIGKILL)
+        before removing them: rmdir takes only an empty one, so a kept cgroup
+        that still holds what it keeps stays. A live supervisor holds a flock
+        on each cgroup it made: that, not the pid in the name (another PID
+        namespace's, or reused), says whether its maker is alive."""
+        import fcntl
+        for name in _subdirectories(self.fd):
+            if not name.startswith("treereap-"):
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=self.fd)
+            except OSError:
+                continue  # removed meanwhile
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if time.time() - os.fstat(fd).st_mtime >= _LEFTOVER_MIN_AGE:
+                    _remove_below(self.fd, name)
+            except OSError:
+                pass  # its maker is alive; or not empty, or taken meanwhile
+            finally:
+                os.close(fd)
 
     def close(self):
         for name in ("events_fd", "procs_fd", "fd"):
@@ -1640,79 +1693,6 @@ def _remove_below(parent_fd, name):
 
 class _NoCgroup(Exception):
     """Why the run cannot have a cgroup here (one line)."""
-
-
-class _CgroupHome(object):
-    """The supervisor's own cgroup in the cgroup v2 hierarchy: where the run's
-    cgroup and its sibling for what the run keeps are made. Found and judged
-    by _find_cgroup_home()."""
-
-    def __init__(self, mount_point, path, dir_fd, openat2):
-        self.mount_point, self.path = mount_point, path
-        self.fd, self.openat2 = dir_fd, openat2
-
-    def shown(self):
-        return self.mount_point.rstrip("/") + self.path
-
-    def make(self, name=None):
-        """A new cgroup below ours, under a name no other run can have: our
-        pid and random bytes (mkdir refuses a name that exists), or `name`;
-        flocked while we live (see remove_leftovers)."""
-        import fcntl
-        candidate = name or "treereap-%d-%s" % (os.getpid(), os.urandom(4).hex())
-        os.mkdir(candidate, 0o755, dir_fd=self.fd)
-        try:
-            cgroup = self.open_existing(candidate)
-        except BaseException:
-            os.rmdir(candidate, dir_fd=self.fd)
-            raise
-        fcntl.flock(cgroup.fd, fcntl.LOCK_EX)
-        return cgroup
-
-    def open_existing(self, name):
-        """The cgroup `name` below ours, held open."""
-        fd = _high_fd(_open_beneath(self.fd, os.fstat(self.fd).st_dev, self.openat2, name,
-                                    os.O_RDONLY | os.O_DIRECTORY, self.shown()))
-        path = self.path.rstrip("/") + "/" + name
-        return _Cgroup(path, self.mount_point.rstrip("/") + path, fd, self.openat2)
-
-    def remove(self, cgroup):
-        """rmdir the cgroup, and first the empty ones below it. False when it
-        still holds a process (EBUSY): it stays, and the receipt names it."""
-        try:
-            _remove_below(self.fd, cgroup.path.rsplit("/", 1)[-1])
-            return True
-        except OSError:
-            return False
-
-    def remove_leftovers(self):
-        """Empty cgroups of supervisors that died (SIGKILL) before removing
-        them: rmdir takes only an empty one, so a kept cgroup that still holds
-        what it keeps stays. A live supervisor holds a flock on each cgroup it
-        made: that, not the pid in the name (another PID namespace's, or
-        reused), says whether its maker is alive."""
-        import fcntl
-        for name in _subdirectories(self.fd):
-            if not name.startswith("treereap-"):
-                continue
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             dir_fd=self.fd)
-            except OSError:
-                continue  # removed meanwhile
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if time.time() - os.fstat(fd).st_mtime >= _LEFTOVER_MIN_AGE:
-                    _remove_below(self.fd, name)
-            except OSError:
-                pass  # its maker is alive; or not empty, or taken meanwhile
-            finally:
-                os.close(fd)
-
-    def close(self):
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 # systemd names the cgroups of its units after them.
@@ -1761,7 +1741,7 @@ def _open_home(fs, mount_point, path, judge):
     except BaseException:
         os.close(fd)
         raise
-    return _CgroupHome(mount_point, path, fd, fs.openat2)
+    return _Cgroup(mount_point, path, fd, fs.openat2)
 
 
 def _judge_home(fd, directory, path):
@@ -1834,17 +1814,17 @@ def _cgroup_for_run(fs):
         raise _cgroup_error(e, e.filename or "cgroup")
     try:
         home.remove_leftovers()
-        cgroup = home.make()
+        cgroup = home.make_child()
     except OSError as e:
         home.close()
-        raise _cgroup_error(e, "cannot make a cgroup in %s" % home.shown())
+        raise _cgroup_error(e, "cannot make a cgroup in %s" % home.shown)
     try:
         for name in ("cgroup.kill", "cgroup.freeze"):
             os.stat(name, dir_fd=cgroup.fd)
         cgroup.procs_fd = _high_fd(cgroup.open("cgroup.procs", os.O_WRONLY))
         cgroup.events()
     except OSError as e:
-        home.remove(cgroup)
+        home.remove_child(cgroup)
         cgroup.close()
         home.close()
         raise _cgroup_error(e, "cannot use the cgroup %s (cgroup.kill needs Linux 5.14)"
@@ -1939,7 +1919,7 @@ class _CgroupContainment(object):
         if not procs:
             return
         if self.kept_cgroup is None:
-            self.kept_cgroup = self.home.make(self.cgroup.path.rsplit("/", 1)[-1] + ".kept")
+            self.kept_cgroup = self.home.make_child(self.cgroup.path.rsplit("/", 1)[-1] + ".kept")
         for proc in reversed(procs):
             fd = self.walker.budget.pidfd(proc.pid)
             if fd is False:
@@ -2045,9 +2025,9 @@ class _CgroupContainment(object):
         empty), and the kept one if nothing is in it."""
         usage = _cgroup_usage(self.cgroup)
         if not self.removed and not self.cgroup.populated():
-            self.removed = self.home.remove(self.cgroup)
+            self.removed = self.home.remove_child(self.cgroup)
         if self.kept_cgroup is not None and not self.kept_cgroup.populated():
-            if self.home.remove(self.kept_cgroup):
+            if self.home.remove_child(self.kept_cgroup):
                 self.kept_cgroup.close()
                 self.kept_cgroup = None
         return {"containment": "cgroup", "cgroup": self.cgroup.path, "usage": usage,
@@ -2058,7 +2038,7 @@ class _CgroupContainment(object):
             return  # closed already
         try:
             if not self.removed and not self.cgroup.populated():
-                self.removed = self.home.remove(self.cgroup)
+                self.removed = self.home.remove_child(self.cgroup)
         finally:
             self.cgroup.close()
             if self.kept_cgroup is not None:
@@ -4112,7 +4092,7 @@ def _end_cgroup(fs, home, name, roots, endtime):
     holds. (done, how many it held, a note)."""
     import fcntl
     try:
-        cgroup = home.open_existing(name)
+        cgroup = home.child(name)
     except OSError as e:
         if e.errno == errno.ENOENT:
             return True, 0, None  # removed already: nothing in it
@@ -4129,7 +4109,7 @@ def _end_cgroup(fs, home, name, roots, endtime):
         count = len(cgroup.procs())
         if not cgroup.end(endtime):
             return False, count, "cgroup %s is not empty" % cgroup.path
-        home.remove(cgroup)
+        home.remove_child(cgroup)
         return True, count, None
     finally:
         cgroup.close()
