@@ -2374,7 +2374,8 @@ def _check_user_may_not_replace(user, target):
     """Under --user the command must not be able to put a receipt of its own
     at the path, nor replace ours (nor may a kept service of it). Refused: a
     symlink anywhere on the path as given (whoever may write where it is can
-    re-point it); the receipt's directory (or the deepest one of its path
+    re-point it), and a `..` (the directories passed before it would not be
+    judged); the receipt's directory (or the deepest one of its path
     that exists) when that user may write it, sticky or not (between the
     earlier receipt's removal and ours, the name is free for anyone who may
     create it); a directory on the way that the user owns (it can make it
@@ -2382,6 +2383,8 @@ def _check_user_may_not_replace(user, target):
     sticky, the user owns the next directory on the way (it could rename it
     away and put its own there)."""
     parts = target.path.split("/")
+    if ".." in parts:  # the directories passed before it are judged by no rule below
+        _refuse_receipt_path(user, target.path, "a '..' on it")
     for i in range(2, len(parts)):
         here = "/".join(parts[:i])
         try:

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""bench.py: measure supervisor.py against the performance targets P1-P14.
+"""bench.py: measure supervisor.py against the performance targets P0-P14.
 
     python3 scripts/bench.py [--python PATH] [--json PATH] [--pairs N] [--quick]
-                             [--pairs-big N] [--only P1,P6,...]
+                             [--pairs-big N] [--only P0,P1,...] [--nemo PATH]
+                             [--coverage]
 
 Takes ~8 minutes on two vCPUs (--quick: ~4). --only runs some groups, for
-development. Under a pyenv shim the bench may run as the shim's child: to
-stop it, Ctrl-C (the whole foreground group) or signal the bench's own pid.
+development. COV (the test suite's coverage of supervisor.py) runs only when
+asked, by --coverage or --only COV: it runs the whole test suite. Under a
+pyenv shim the bench may run as the shim's child: to stop it, Ctrl-C (the
+whole foreground group) or signal the bench's own pid.
 
 Every row runs the real interpreter binary PY (default: this one, resolved
 with os.path.realpath; a pyenv shim or any script is refused) as
@@ -17,23 +20,40 @@ Durations come from time.perf_counter / time.monotonic; CPU time from the
 first field of /proc/PID/schedstat (ns on CPU, still readable while the
 process is a zombie, which the bench checks at start).
 
-Containments. supervisor.py 2.x holds a run in a cgroup v2 of its own where
-it can make one (--containment auto, the default), else by the /proc walk
-(--containment proc: receipt "children"; with SUPERVISOR_CONTAINMENT=scan
-as well, the walk by full scans of /proc: receipt "scan"). A row whose name
-does not say otherwise runs the default, and its text ends in [the
-containment its receipts gave]; rows without a receipt (P1, P2, P5, P9a,
-P10a, P10c) say what auto chose in the probe the bench runs first
-(`--timeout 600 -- true` with a receipt). The probe also tells whether
+Containments. supervisor.py holds a run in a cgroup v2 of its own where it
+can make one (--containment auto, the default: receipt "cgroup"), else by
+the /proc walk over the children files (--containment proc: receipt
+"children"). A row whose name does not say otherwise runs the default, and
+its text ends in [the containment its receipts gave]; rows without a receipt
+(P1, P2, P5, P9a, P10a, P10c) say what auto chose in the probe the bench runs
+first (`--timeout 600 -- true` with a receipt). The probe also tells whether
 --containment cgroup works, on the host and in the PID namespace of P12 and
-P13 (rows that need it are skipped with a note where it does not), and
-whether setpriv can take CAP_SYS_NICE away (P12-nonice-load). No run
-inherits SUPERVISOR_CONTAINMENT from the bench's caller. The policy is the
-default, drain-all: the stop signal goes to every process of the run, and a
-stop that had to SIGKILL the command exits 137 (as timeout(1)), else 124 at
-a deadline or stop file, 128+N at signal N; each run's status is checked.
+P13 (rows that need it are skipped with a note where it does not). The
+policy is the default, drain-all: the stop signal goes to every process of
+the run, and a stop that had to SIGKILL the command exits 137 (as
+timeout(1)), else 124 at a deadline or stop file, 128+N at signal N; each
+run's status is checked.
 
 How each row is measured
+  P0  the lean core's targets. P0-lines: the code lines of supervisor.py,
+      counted as the project's codelines.py counts them (a line holding a
+      token that is neither a comment nor part of a docstring, the first
+      statement of a module, class or function when it is a string).
+      Checked: <= 3000. P0-cpu and P0-rss: `PY -I FILE --timeout 10
+      --receipt R -- true` for supervisor.py and for NeMo Gym's
+      process_supervisor.py (at commit 978ad55, given with --nemo PATH,
+      fetched into a temporary folder and never added to the project; without
+      --nemo only P0-lines runs, with a note), both copied under the same
+      name, process_supervisor.py, into folders of their own (R beside it),
+      run from the bench's workdir, alternating, max(20, pairs) pairs after
+      one dropped. Each run is under /usr/bin/time (GNU time: a parent
+      smaller than either side, since a child's peak RSS starts at its
+      parent's at the fork): CPU is user + system from the bench's wait4 of
+      time (time and all it reaped: the supervisor and what it ran), peak
+      RSS is time's %M (its wait4 of the supervisor). Exit 0 is checked.
+      Checked: median(ours) / median(theirs) <= 1.4 for CPU (P0-cpu) and
+      <= 1.5 for peak RSS (P0-rss); the JSON gives the median of the
+      per-pair ratios as well.
   P1  startup: wall time (posix_spawn to waitpid) of
       `PY supervisor.py --timeout 600 -- true` vs `PY -c pass`; and the same
       with `-I -S` on both sides. Checked: difference of the medians.
@@ -98,39 +118,37 @@ How each row is measured
       P10c idle RSS: VmRSS of `PY supervisor.py --timeout 600 -- sleep 60`
       and of the bare `PY -c "import time; time.sleep(60)"`, started side by
       side (which one first alternates), both read at the same moment, 0.5 s
-      after the supervisor's command runs (its children file names it): the
-      supervisor has settled (it gives the allocator's free memory back with
-      malloc_trim(0) before the fork). Both are then stopped with SIGTERM
-      (the supervisor's exit 143 is checked). max(pairs-big, pairs / 2)
-      pairs after one dropped. Checked: difference of the medians <= 4.5 MiB.
+      after the supervisor's command runs (its children file names it), when
+      the supervisor has settled. Both are then stopped with SIGTERM (the
+      supervisor's exit 143 is checked). max(pairs-big, pairs / 2) pairs
+      after one dropped. Info (no target): run as a script, CPython compiles
+      supervisor.py from source and keeps the script's parse tree until the
+      script returns, which for the supervisor is the end of the run: ~10 MiB
+      over the bare interpreter on 3.11.
       P10c-m: the same for `PY -m supervisor` (bytecode cached by a warm-up
-      run where the directory allows). A script's parse tree (~9 MiB on
-      3.11) lives until the script's code returns: supervisor.py runs its
-      main() from atexit, once CPython has freed it (not on 3.12.0-3.12.2).
-      What is left over a cached import is the compiler's fragmentation.
+      run where the directory allows): the import system loads the cached
+      bytecode, with no parse tree to keep, as the installed `treereap`
+      command does. Checked: difference of the medians <= 4.5 MiB.
   P11 crowded host: the P6 stop of N=100 (SIGTERM -> exit, and the
       supervisor's CPU as in P8), on the quiet host and with P9's 5,000
       sleeps present (the bench's children, not the supervisor's). Starting
       them takes seconds, so the pairs are of blocks, ordered ABBA (quiet,
       crowded | crowded, quiet | ...; 12 blocks, --quick 4), ~pairs runs a
       side (ceil(pairs / 6) a block; --quick: pairs / 2): the sleeps start
-      and stop once per two blocks. In every block the three containments
+      and stop once per two blocks. In every block the two containments
       take turns, each going first in turn: --containment proc (the walk by
-      children files, receipt "children"), --containment cgroup (receipt
-      "cgroup"; left out, with a note, where the probe found no cgroup) and
-      --containment proc with SUPERVISOR_CONTAINMENT=scan (receipt "scan");
-      the block's first run of each is dropped. Checked, for the walk and
-      for the cgroup: crowded/quiet ratio of the medians <= 1.5, of the CPU
-      (P11a, P11a-cgroup) and of the wall time (P11b, P11b-cgroup).
-      P11a-scan and P11b-scan (info): the same ratios for the scan, which
-      reads every process on the host and is expected to miss.
+      children files, receipt "children") and --containment cgroup (receipt
+      "cgroup"; left out, with a note, where the probe found no cgroup); the
+      block's first run of each is dropped. Checked, for each: crowded/quiet
+      ratio of the medians <= 1.5, of the CPU (P11a, P11a-cgroup) and of the
+      wall time (P11b, P11b-cgroup).
   P12 storm: `PY respawner.py tree 8 0.002 4000` (tests/helpers; 255
       processes, each in a session of its own, the 128 leaves replacing
       themselves every 2 ms), under `--timeout 1 --cleanup-timeout 2`; as
       root inside `unshare --pid --fork --mount-proc` (the supervisor is PID 1
       of a namespace of its own: nothing escapes, and the namespace dies with
       it), else directly (the sweep reaps and kills by pid what is left).
-      Six variants, min(pairs-big, 5) runs each (--quick 3), no warm-up:
+      Five variants, min(pairs-big, 5) runs each (--quick 3), no warm-up:
       every run counts; the variants are interleaved (one run of each per
       round, each going first in turn):
         P12              the default containment, quiet. Checked:
@@ -146,12 +164,6 @@ How each row is measured
         P12-proc-load    the same, loaded. Info: the walk is a race for the
                          CPU with the respawning leaves; the number of runs
                          confirmed is the figure (in the target column).
-        P12-nonice-load  --containment cgroup, loaded, with CAP_SYS_NICE
-                         dropped: `setpriv --bounding-set -sys_nice
-                         --inh-caps -sys_nice` in front of the supervisor
-                         (root only; inside the namespace). Info: what the
-                         nice -20 of a stop still gives with a cgroup; the
-                         yardstick is P12-cgroup-load's draining step.
       The cgroup variants are skipped, with a note, where the probe found
       no cgroup in the namespace. Loaded: BUSY_LOOPS = 2 `PY -c "while 1:
       pass"`, the bench's children in a process group of their own, outside
@@ -177,32 +189,84 @@ How each row is measured
       "READY" once all have exec'd; in the PID namespace as P12 when root.
       Default --cleanup-timeout (10 s), stopped by a stop file after READY:
       the grace runs out, then SIGKILL and the drain. For P13-children
-      (--containment proc), P13-scan (the same, SUPERVISOR_CONTAINMENT=scan)
-      and P13-cgroup (--containment cgroup; skipped, with a note, without
-      one); 2 runs each, --quick 1, interleaved. Checked: cleanup_confirmed
-      and the receipt's draining step <= 10 s (the default budget) in every
-      run. The text gives the median duration_s; the JSON the ladder's steps
-      and stop file -> exit. The bench reads the 5,000 pids and start times
-      below the helper before the stop; after the run any of them still
-      alive (none can be, in the namespace) is noted and killed by its
-      process group (each leads its own), then reaped. A run still going
-      50 s after the stop file is killed (a miss).
-  P14 receipt at its cap: the command (a helper the bench writes) starts
-      1,000 `sh -c 'sleep 600; :' x A1..A10`, each argument 7,000 bytes
-      that are not UTF-8 (0xff: each becomes U+FFFD, six characters of JSON,
-      the receipt's worst case) (about 70 KB of argv each; sh keeps its argv, as it has work after the
-      sleep, and forks the sleep), says "READY" once all have exec'd sh, and
-      is stopped by a stop file: 2,001 processes to drain, 1,000 with long
-      argv, whose receipt the supervisor cuts to its cap. 5 runs (--quick 2)
-      after one dropped. P14-size (a check): the receipt's size, max <= 1 MiB.
+      (--containment proc) and P13-cgroup (--containment cgroup; skipped,
+      with a note, without one); 2 runs each, --quick 1, interleaved.
+      Checked: cleanup_confirmed and the receipt's draining step <= 10 s
+      (the default budget) in every run. The text gives the median
+      duration_s; the JSON the ladder's steps and stop file -> exit. The
+      bench reads the 5,000 pids and start times below the helper before the
+      stop; after the run any of them still alive (none can be, in the
+      namespace) is noted and killed by its process group (each leads its
+      own), then reaped. A run still going 50 s after the stop file is
+      killed (a miss).
+  P14 a receipt of many processes with huge argv: the command (a helper
+      the bench writes) starts 1,000 `sh -c 'sleep 600; :' x A1..A10`, each
+      argument 7,000 bytes that are not UTF-8 (0xff; about 70 KB of argv
+      each; sh keeps its argv, as it has work after the sleep, and forks the
+      sleep), says "READY" once all have exec'd sh and forked their sleep,
+      and is stopped by a stop file: 2,001 processes to drain, 1,000 of them
+      with long argv. A receipt entry holds a process name (/proc/PID/stat,
+      at most 15 bytes), never argv, and every list but `preserved` holds at
+      most 1,000 entries: the receipt's size is bounded by construction,
+      whatever the argv. 5 runs (--quick 2) after one dropped; the exit
+      status 124 and the receipt's schema_version 4 are checked.
+      P14-size: the receipt's size; checked: max <= 128 KiB.
+      P14-list: checked: drained_count = 2,001 and 1,000 entries listed in
+      `drained`, in every run; a key of the old schema (an entry's `command`
+      or `command_truncated`, the receipt's `omitted`) is noted.
       P14: the receipt's ended_at (the cleanup is over; wall clock, us) ->
       the bench's waitid seeing the supervisor's exit (time.time()): the
-      receipt's building, write and fsync, and the interpreter's exit. Checked:
-      max <= 1 s, a small part of exec_timeout()'s 30 s of slack. The JSON
-      gives the sizes in bytes, drained_count, what `omitted` dropped, and
-      stop file -> exit.
+      receipt's building, write and fsync, and the interpreter's exit.
+      Checked: max <= 1 s, a small part of exec_timeout()'s 30 s of slack.
+      The JSON gives the sizes in bytes, drained_count and the entries
+      listed, the longest name, and stop file -> exit.
   ref rows: GNU timeout / tini, when on PATH, for P1, P2 and P6 (timeout and
       tini exit when their child exits: they do not wait for the tree).
+  COV statement coverage of supervisor.py by the project's test suite,
+      subprocesses included (only with --coverage or --only COV: it runs the
+      whole suite, some minutes under measurement). coverage.py must be in
+      the project's venv (.venv/bin/python -m pip install coverage); the
+      bench installs no package. It writes a config into its temporary
+      directory: [run] parallel = true, include = supervisor.py's real path
+      (coverage records files by their real paths: treereap.py, a link, is
+      the same file), data_file in a directory of its own under the system's
+      temporary directory with mode 1777 (some tests run processes as
+      nobody), and, where the venv's coverage has them (7.10.4 and later),
+      patch = subprocess, _exit, fork, execv: the Python processes started
+      from the venv's interpreter measure themselves, data is saved at
+      os._exit (how the supervisor exits), forked children measure
+      themselves too, and save before an exec (else the command's setup in
+      the supervisor's child, between its fork and the exec of the command,
+      would never be saved and would look dead).
+      Coverage starts from the environment, COVERAGE_PROCESS_START = the
+      config, by the .pth file coverage 7.x keeps in site-packages; where the
+      venv's interpreter does not (checked first), the bench adds a .pth of
+      its own that calls coverage.process_startup(). The tests run some
+      supervisors as nobody under a system python3 (tests/test_trust.py:
+      the venv's interpreter is under /root, out of nobody's reach): where
+      /usr/bin/python3 or /usr/local/bin/python3 has the venv's minor
+      version, the bench puts a .pth in its site-packages that, only when
+      coverage's variables are set, imports coverage from the venv's
+      site-packages and starts it (else a note). Every .pth the bench adds
+      is removed after the suite (one left by a killed bench does nothing
+      without those variables). The suite runs as `.venv/bin/python -m pytest -q` from the
+      project's root, in a session of its own (a failing test is noted, not
+      fatal: the lines it ran still count; under measurement every Python
+      process is slower and saves data files, and a few tests that bound
+      time or count file descriptors may fail; a suite still running after
+      30 minutes fails the bench); then `coverage combine` and `coverage json`
+      of supervisor.py. Checked: the percentage of statements executed >=
+      90 %. The JSON gives the never-executed lines and their ranges
+      (consecutive among the statements, as coverage's report merges them),
+      each with the innermost function or class it is in; the notes give
+      their count and the first 30. Not measured (a note says so): a process
+      whose data is never saved (ended by SIGKILL), supervisors run with -S
+      (no site, so no .pth; tests/test_trust.py's descriptor limits do, and
+      there no descriptor would be left for coverage either), runs by other
+      interpreters (test_pythons.py's) and copies of the file under another
+      path. -I alone is measured: it ignores PYTHON*
+      variables and the user's site directory, not site-packages' .pth files
+      nor COVERAGE_PROCESS_START.
 
 Rows with N=1000 use fewer pairs (--pairs-big) to stay within ~5 minutes on
 two cores; the table's N column says how many (P11: runs a side, P12-P14:
@@ -259,29 +323,42 @@ STORM_BOUND = STORM_TIMEOUT + 3 * STORM_CLEANUP + 2.0
 STORM_ABORT = 30.0     # P12: a run still going by then is killed (a miss, and no more runs)
 STORM_DRAIN_LIMIT = 1.0  # P12-cgroup: the receipt's draining step, every run
 # P12's variants, interleaved: (row, containment (None: the default, auto),
-# two busy loops beside it, with CAP_SYS_NICE (else setpriv drops it)).
+# two busy loops beside it).
 STORM_VARIANTS = (
-    ("P12", None, False, True),
-    ("P12-cgroup", "cgroup", False, True),
-    ("P12-cgroup-load", "cgroup", True, True),
-    ("P12-proc", "children", False, True),
-    ("P12-proc-load", "children", True, True),
-    ("P12-nonice-load", "cgroup", True, False),
+    ("P12", None, False),
+    ("P12-cgroup", "cgroup", False),
+    ("P12-cgroup-load", "cgroup", True),
+    ("P12-proc", "children", False),
+    ("P12-proc-load", "children", True),
 )
 BUSY_LOOPS = 2         # P12 "loaded": CPU-bound loops beside the storm
 BUSY_LOOP = "while 1: pass"
 IDLE_RSS_SETTLE = 0.5  # P10c: seconds after the command runs before VmRSS is read
-IDLE_RSS_LIMIT = 4.5   # P10c: supervisor idle RSS - bare idle RSS, MiB
+IDLE_RSS_LIMIT = 4.5   # P10c-m: supervisor idle RSS - bare idle RSS, MiB (P10c: info)
 # P13: a forced stop of many processes in sessions of their own, all ignoring
 # SIGTERM, under the default cleanup timeout (the grace runs out, then SIGKILL).
 MANY_N = 5000
 MANY_CLEANUP = 10.0    # supervisor.py's default --cleanup-timeout; the drain's budget
 MANY_ABORT = 3 * MANY_CLEANUP + 20.0  # stop file -> still running: killed (a miss)
-# P14: a receipt at its cap: ARGV_N sh processes with ARGV_COUNT arguments of
-# ARGV_BYTES each (sh keeps its argv: `sleep 600; :` has work after the sleep).
+# P14: ARGV_N sh processes with ARGV_COUNT arguments of ARGV_BYTES each (sh
+# keeps its argv: `sleep 600; :` has work after the sleep), and their sleeps.
 ARGV_N, ARGV_COUNT, ARGV_BYTES = 1000, 10, 7000
-RECEIPT_CAP_KIB = 1024.0   # supervisor.py's _RECEIPT_LIMIT, 1 MiB
+ARGV_DRAINED = 2 * ARGV_N + 1  # the sh's, their sleeps and the helper
+RECEIPT_LIST_LIMIT = 1000  # supervisor.py's _LIST_LIMIT: entries listed in `drained`
+RECEIPT_SIZE_LIMIT_KIB = 128.0  # names, not argv: ~40 bytes an entry, whatever the argv
 RECEIPT_EXIT_LIMIT = 1.0   # receipt ended_at -> the supervisor's exit, s
+# COV: the suite's statement coverage of supervisor.py, subprocesses included.
+VENV_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
+# coverage records a file by its real path: treereap.py (a link) is this too.
+SUPERVISOR_REAL = os.path.realpath(SUPERVISOR)
+COVERAGE_LIMIT = 90.0      # percent of statements executed
+# execv too: a forked child's lines before its exec (the command's setup: --user,
+# the cgroup, the terminal) are otherwise never saved, and would look dead.
+COVERAGE_PATCHES = "subprocess, _exit, fork, execv"
+COVERAGE_SUITE_ABORT = 1800.0  # s: a suite still running by then is killed (the bench fails)
+COVERAGE_NOTE_RANGES = 30  # ranges printed as notes (all of them are in the JSON)
+# Where tests/test_trust.py looks for a python3 the user nobody can run.
+NOBODY_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 
 # --- Helpers written into the temporary directory, run as `PY -I -S file` ----------------
 
@@ -327,10 +404,12 @@ os._exit(0)
 # last one has. argv[2] says what each child is. "sessions SLEEP": in a
 # session of its own with SIGTERM ignored (kept through the exec), `sleep
 # 600`. "argv COUNT BYTES SH": in the helper's group, stdio on /dev/null,
-# `sh -c 'sleep 600; :' x A1..A_COUNT`, each argument BYTES long, not UTF-8. The helper
-# itself obeys SIGTERM.
+# `sh -c 'sleep 600; :' x A1..A_COUNT`, each argument BYTES long, not UTF-8;
+# READY waits for every sh to have forked its sleep too (its children file),
+# so that a stop right after READY finds all 2n + 1. The helper itself obeys
+# SIGTERM.
 FANOUT_HELPER = r'''
-import os, signal, sys
+import os, signal, sys, time
 def child(kind, args):
     if kind == "sessions":
         os.setsid()
@@ -343,17 +422,30 @@ def child(kind, args):
     # Not UTF-8 (0xff): each byte becomes U+FFFD, six characters of JSON.
     os.execv(sh, [sh, "-c", "sleep 600; :", "x"] + [b"%02d" % i + b"\xff" * (size - 2)
                                                     for i in range(count)])
+def forked_once(pids):
+    for pid in pids:
+        path = "/proc/%d/task/%d/children" % (pid, pid)
+        while True:
+            with open(path) as f:
+                if f.read().split():
+                    break
+            time.sleep(0.001)
 def main():
     n, kind, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     read_end, write_end = os.pipe()  # close-on-exec (PEP 446)
+    pids = []
     for _ in range(n):
-        if os.fork() == 0:
+        pid = os.fork()
+        if pid == 0:
             try:
                 child(kind, args)
             finally:
                 os._exit(127)
+        pids.append(pid)
     os.close(write_end)
     os.read(read_end, 1)
+    if kind == "argv":
+        forked_once(pids)
     os.write(1, ("READY %d\n" % n).encode())
     while True:
         signal.pause()
@@ -516,14 +608,12 @@ class Bench(object):
         self.host_group = None  # pgid of the P9 sleeps (its leader is our unreaped child)
         self.loop_pids = set()  # the P12 busy loops
         self.loop_group = None  # their pgid (its leader is our unreaped child)
-        # The environment of every run: SUPERVISOR_CONTAINMENT only where a
-        # row sets it (the scan), never inherited from the caller.
-        self.env = dict((k, v) for k, v in os.environ.items() if k != "SUPERVISOR_CONTAINMENT")
+        self.cov_dir = None     # COV's data files, mode 1777, outside self.tmp (0700)
+        self.env = dict(os.environ)  # the environment of every run
         self.seen = {}          # tag -> the containments the receipts of its runs gave
         self.default_containment = None   # what --containment auto chose in the probe
         self.cgroup_why_not = {}          # in a PID namespace or not -> why no cgroup, or None
         self.ns_prefix, self.ns_why_not = None, "not probed"   # P12/P13's PID namespace
-        self.setpriv, self.setpriv_why_not = None, "not probed"  # P12-nonice-load's prefix
         self.me = os.getpid()
         self.tmp = tempfile.mkdtemp(prefix="supervisor-bench-")
         self.work = self._mkdir("work")            # the supervisor's --workdir
@@ -555,7 +645,7 @@ class Bench(object):
     def spawn(self, argv, stdout=None, pgroup=None, env=None):
         """posix_spawn argv (argv[0] a path or found on PATH); stdin /dev/null,
         stdout to the fd given or /dev/null, stderr to the bench's log; the
-        bench's environment (without SUPERVISOR_CONTAINMENT) unless env is given."""
+        bench's environment unless env is given."""
         path = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
         actions = [(os.POSIX_SPAWN_DUP2, self.devnull, 0),
                    (os.POSIX_SPAWN_DUP2, self.devnull if stdout is None else stdout, 1),
@@ -653,18 +743,14 @@ class Bench(object):
             names = [self.default_containment or "?"]
         return " [%s]" % "+".join(names)
 
-    def containment_env(self, containment):
-        """(supervisor options, environment) for a containment: None the
-        default (auto), "cgroup", "children" (the /proc walk) or "scan" (the
-        walk by full scans: SUPERVISOR_CONTAINMENT=scan)."""
+    @staticmethod
+    def containment_options(containment):
+        """The supervisor's options for a containment, as its receipt names
+        it: None the default (auto), "cgroup", or "children" (the /proc walk,
+        --containment proc)."""
         if containment is None:
-            return [], None
-        if containment == "cgroup":
-            return ["--containment", "cgroup"], None
-        env = dict(self.env)
-        if containment == "scan":
-            env["SUPERVISOR_CONTAINMENT"] = "scan"
-        return ["--containment", "proc"], env
+            return []
+        return ["--containment", "cgroup" if containment == "cgroup" else "proc"]
 
     def note(self, text):
         if text not in self.notes:
@@ -1066,10 +1152,10 @@ class Bench(object):
         reference tool): (ms from SIGTERM to its exit, its CPU ms meanwhile,
         ms from SIGTERM to the receipt's ended_at, i.e. supervise() returning,
         before the receipt is written and the interpreter exits). With
-        containment ("cgroup", "children" or "scan", see containment_env)
-        the supervisor is told which, and its receipt must say so; without,
-        the default, whose receipt's containment is noted under tag."""
-        options, env = self.containment_env(containment)
+        containment ("cgroup" or "children", see containment_options) the
+        supervisor is told which, and its receipt must say so; without, the
+        default, whose receipt's containment is noted under tag."""
+        options = self.containment_options(containment)
         expected = {} if containment is None else {"containment": containment}
         # drain-all: SIGTERM to every process; one that ignores it is SIGKILLed,
         # the command too, and then the exit status says so (as timeout(1)).
@@ -1081,7 +1167,7 @@ class Bench(object):
             argv, receipt_path = prefix + [self.py, "-I", "-S", self.tree, str(n), mode], None
         read_end, write_end = os.pipe()
         try:
-            pid = self.spawn(argv, stdout=write_end, env=env)
+            pid = self.spawn(argv, stdout=write_end)
             os.close(write_end)
             write_end = None
             read_ready(read_end, "tree helper N=%d" % n)
@@ -1394,19 +1480,21 @@ class Bench(object):
     def p10_idle_rss(self):
         count = max(self.pairs_big, self.pairs // 2)
         progress("P10c idle RSS, %d pairs" % count)
-        for as_module, row, how in ((False, "P10c", "PY supervisor.py"),
-                                    (True, "P10c-m", "PY -m supervisor")):
-            self._p10_idle_rss_row(count, as_module, row, how)
+        # As a script the parse tree lives as long as the run: info only.
+        for as_module, row, how, limit in ((False, "P10c", "PY supervisor.py", None),
+                                           (True, "P10c-m", "PY -m supervisor", IDLE_RSS_LIMIT)):
+            self._p10_idle_rss_row(count, as_module, row, how, limit)
 
-    def _p10_idle_rss_row(self, count, as_module, row, how):
+    def _p10_idle_rss_row(self, count, as_module, row, how, limit):
         # One warm-up pair dropped; which side starts first alternates.
         pairs = [self.idle_rss_pair(i % 2 == 0, as_module) for i in range(count + 1)][1:]
         mib = 1024.0
         sup, bare = [p[0] / mib for p in pairs], [p[1] / mib for p in pairs]
         diff = median(sup) - median(bare)
+        target = "info (script: parse tree kept)" if limit is None else "diff <= %g MiB" % limit
         self.add_row(row, "idle RSS, %s -- sleep 60 (VmRSS %g s after the command runs), "
                      "over bare PY%s" % (how, IDLE_RSS_SETTLE, self.contained(None)), sup, "MiB",
-                     "diff <= %g MiB" % IDLE_RSS_LIMIT, diff, IDLE_RSS_LIMIT, yard=bare,
+                     target, None if limit is None else diff, limit, yard=bare,
                      extra={"per_pair_diff_mib": [round(a - b, 4) for a, b in zip(sup, bare)],
                             "settle_s": IDLE_RSS_SETTLE,
                             "yardstick_note": "VmRSS of PY -c 'import time; time.sleep(60)' "
@@ -1418,13 +1506,13 @@ class Bench(object):
         """The P6 N=100 stop on the quiet and on the crowded host, in blocks
         ordered ABBA (quiet, crowded | crowded, quiet | ...) so the 5,000
         sleeps start and stop once per two blocks; inside a block the
-        containments (cgroup, the walk, the scan) take turns, each going
-        first in turn, and each block drops its first run of each."""
+        containments (the walk, the cgroup) take turns, each going first in
+        turn, and each block drops its first run of each."""
         rounds = 2 if self.quick else 6
         per_block = max(1, -(-self.pairs // rounds))  # ceil(pairs / rounds)
-        kinds = ("children", "scan")
+        kinds = ("children",)
         if self.cgroup_why_not.get(False) is None:
-            kinds = ("children", "cgroup", "scan")
+            kinds = ("children", "cgroup")
         else:
             self.note("P11: no cgroup rows: %s" % self.cgroup_why_not[False])
         progress("P11 forced stop N=%d, quiet vs %d more processes: %d blocks of %d runs each "
@@ -1451,18 +1539,14 @@ class Bench(object):
             self.stop_busy_host()
         quiet, crowd = median(processes[False]), median(processes[True])
         for kind in kinds:
-            suffix, checked, name = {"children": ("", True, "walk (children)"),
-                                     "cgroup": ("-cgroup", True, "cgroup"),
-                                     "scan": ("-scan", False, "scan (info)")}[kind]
+            suffix, name = {"children": ("", "walk (children)"), "cgroup": ("-cgroup", "cgroup")}[kind]
             for key, letter, unit, what in (("cpu", "a", "ms CPU", "CPU of a %d-process stop"),
                                             ("ms", "b", "ms", "SIGTERM -> exit, %d processes")):
                 calm, busy = series[False, kind][key], series[True, kind][key]
                 ratio = median(busy) / median(calm) if median(calm) else float("inf")
                 self.add_row("P11" + letter + suffix,
                              "%s, %s: %d vs %d on the host" % (what % CROWD_N, name, crowd, quiet),
-                             busy, unit, "crowded/quiet <= %g" % CROWD_LIMIT if checked
-                             else "info (walk: <= %g)" % CROWD_LIMIT,
-                             ratio if checked else None, CROWD_LIMIT if checked else None,
+                             busy, unit, "crowded/quiet <= %g" % CROWD_LIMIT, ratio, CROWD_LIMIT,
                              yard=calm, diff=ratio, diff_text="ratio",
                              extra={"ratio": ratio, "containment": kind,
                                     "host_processes_quiet": quiet, "host_processes_crowded": crowd,
@@ -1472,12 +1556,11 @@ class Bench(object):
 
     # Probes -----------------------------------------------------------------------------------
 
-    def probe(self, argv, env=None):
+    def probe(self, argv):
         """Run argv to its end (60 s at most); (exit code, last stderr line)."""
         try:
             done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, env=self.env if env is None else env,
-                                  timeout=60)
+                                  stderr=subprocess.PIPE, env=self.env, timeout=60)
         except subprocess.TimeoutExpired:
             return None, "did not end within 60 s"
         lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
@@ -1487,7 +1570,7 @@ class Bench(object):
         """Where the storms and P13 run (a PID namespace of their own when
         root); what --containment auto chooses here (said by the rows
         without a receipt); whether --containment cgroup works, on the host
-        and in that namespace; whether setpriv can take CAP_SYS_NICE away."""
+        and in that namespace."""
         self.ns_prefix, self.ns_why_not = self.pid_namespace()
         argv, path = self.supervisor(["--timeout", "600"], ["true"])
         code, why = self.probe(argv)
@@ -1516,22 +1599,6 @@ class Bench(object):
             "works" if self.cgroup_why_not[False] is None else "does not work",
             "" if not self.ns_prefix else ", %s in a PID namespace" % (
                 "works" if self.cgroup_why_not[True] is None else "does not work")))
-        self.setpriv, self.setpriv_why_not = None, None
-        setpriv = shutil.which("setpriv")
-        if os.geteuid() != 0:
-            self.setpriv_why_not = "not root (CAP_SYS_NICE is not ours to drop)"
-        elif setpriv is None:
-            self.setpriv_why_not = "no setpriv on PATH"
-        else:
-            without = [setpriv, "--bounding-set", "-sys_nice", "--inh-caps", "-sys_nice"]
-            code, why = self.probe((self.ns_prefix or []) + without + [
-                self.py, "-c", "import os; os.setpriority(os.PRIO_PROCESS, 0, -20)"])
-            if code == 0:
-                self.setpriv_why_not = "setpriv did not take CAP_SYS_NICE away (nice -20 allowed)"
-            elif "PermissionError" not in why:
-                self.setpriv_why_not = "setpriv failed here (exit %s: %s)" % (code, why)
-            else:
-                self.setpriv = without
 
     # P12 --------------------------------------------------------------------------------------
 
@@ -1549,16 +1616,15 @@ class Bench(object):
             return None, "unshare --pid failed here (exit %d)" % exit_code(status)
         return prefix, None
 
-    def storm_run(self, row, i, containment, loaded, before=()):
+    def storm_run(self, row, i, containment, loaded):
         """One storm under the supervisor (in the PID namespace, when there is
-        one; `before`: argv in front of the supervisor, such as setpriv),
-        with BUSY_LOOPS busy loops beside it when loaded, from the storm's
+        one), with BUSY_LOOPS busy loops beside it when loaded, from the storm's
         READY (or the deadline, if that comes first) to the end of the run:
         its receipt (None if unreadable), the bench's wall seconds (to
         ~10 ms), the exit status, its READY line, whether it had to be
         killed at STORM_ABORT, and when the loops started (s, or None)."""
         prefix = self.ns_prefix
-        options, env = self.containment_env(containment)
+        options = self.containment_options(containment)
         argv, receipt_path = self.supervisor(
             options + ["--timeout", "%g" % STORM_TIMEOUT, "--cleanup-timeout", "%g" % STORM_CLEANUP],
             [self.py, RESPAWNER] + STORM)
@@ -1569,7 +1635,7 @@ class Bench(object):
         try:
             try:
                 t0 = time.perf_counter()
-                pid = self.spawn((prefix or []) + list(before) + argv, stdout=fd, env=env)
+                pid = self.spawn((prefix or []) + argv, stdout=fd)
             finally:
                 os.close(fd)
             while not has_exited(pid):  # polled: a storm that wins must not hang the bench
@@ -1620,25 +1686,22 @@ class Bench(object):
         inside = self.ns_prefix is not None
         count = max(1, min(self.pairs_big, 3 if self.quick else 5))
         variants = []
-        for row, containment, loaded, nice in STORM_VARIANTS:
+        for row, containment, loaded in STORM_VARIANTS:
             if containment == "cgroup" and self.cgroup_why_not.get(inside):
                 self.note("%s: skipped: %s" % (row, self.cgroup_why_not[inside]))
-            elif not nice and self.setpriv is None:
-                self.note("%s: skipped: %s" % (row, self.setpriv_why_not))
             else:
-                variants.append((row, containment, loaded, nice))
+                variants.append((row, containment, loaded))
         where = "own PID namespace" if inside else "no PID namespace: " + self.ns_why_not
         progress("P12 storm: %d variants x %d runs, interleaved (%s)" % (len(variants), count, where))
         runs = dict((v[0], []) for v in variants)
         for i in range(count):
-            for row, containment, loaded, nice in variants[i % len(variants):] + variants[:i % len(variants)]:
+            for row, containment, loaded in variants[i % len(variants):] + variants[:i % len(variants)]:
                 if runs[row] and runs[row][-1]["aborted"]:
                     continue  # a miss already; the rest would cost STORM_ABORT each
-                runs[row].append(self.storm_run(row, i, containment, loaded,
-                                                () if nice else self.setpriv))
+                runs[row].append(self.storm_run(row, i, containment, loaded))
         summaries = dict((row, self.storm_summary(row, runs[row], count)) for row in runs)
-        for row, containment, loaded, nice in variants:
-            self.storm_rows(row, containment, loaded, nice, summaries, count)
+        for row, containment, loaded in variants:
+            self.storm_rows(row, containment, loaded, summaries[row], count)
 
     def storm_summary(self, row, runs, count):
         """The figures of one variant's runs (the JSON's, and the rows')."""
@@ -1679,18 +1742,16 @@ class Bench(object):
                 "survivors_counts": [rc.get("survivors_count") for rc in receipts],
                 "containment": sorted(str(c) for c in self.seen.get(row, ()))}
 
-    def storm_rows(self, row, containment, loaded, nice, summaries, count):
-        s = summaries[row]
+    def storm_rows(self, row, containment, loaded, s, count):
+        """The rows of one variant, from its summary s (see storm_summary)."""
         extra = dict(s, pid_namespace=self.ns_prefix is not None,
                      pid_namespace_note=self.ns_why_not, loaded=loaded,
-                     busy_loops=BUSY_LOOPS if loaded else 0, cap_sys_nice=nice,
+                     busy_loops=BUSY_LOOPS if loaded else 0,
                      command="PY %s %s" % (RESPAWNER, " ".join(STORM)),
-                     options="%s--timeout %g --cleanup-timeout %g" % (
-                         "" if containment is None else " ".join(self.containment_env(
-                             containment)[0]) + " ", STORM_TIMEOUT, STORM_CLEANUP))
+                     options=" ".join(self.containment_options(containment) + [
+                         "--timeout", "%g" % STORM_TIMEOUT, "--cleanup-timeout", "%g" % STORM_CLEANUP]))
         confirmed, drains = s["confirmed_runs"], s["draining_ms"] or [float("nan")]
-        how = "%s%s" % ("loaded (%d busy loops)" % BUSY_LOOPS if loaded else "quiet",
-                        "" if nice else ", no CAP_SYS_NICE")
+        how = "loaded (%d busy loops)" % BUSY_LOOPS if loaded else "quiet"
         if row == "P12":
             passed = confirmed == count and s["duration_s_max"] <= STORM_BOUND  # nan: False
             extra["bound_s"] = STORM_BOUND
@@ -1708,18 +1769,12 @@ class Bench(object):
         what = "storm%s, %s: draining step (duration_s median %.2f s)" % (
             self.contained(row), how, s["duration_s_median"])
         limit = STORM_DRAIN_LIMIT * 1000
-        if containment == "cgroup" and nice:
+        if containment == "cgroup":
             passed = confirmed == count and s["draining_ms_max"] <= limit
             extra["draining_limit_ms"] = limit
             self.add_row(row, what, drains, "ms", "%d/%d confirmed, max <= %g ms" % (
                 confirmed, count, limit), s["draining_ms_max"], limit, passed=passed, extra=extra)
-        elif containment == "cgroup":
-            # Without CAP_SYS_NICE: against the same storm with it, loaded too.
-            yard = summaries.get("P12-cgroup-load", {}).get("draining_ms") or None
-            extra["yardstick_note"] = "P12-cgroup-load's draining step (with CAP_SYS_NICE), same run"
-            self.add_row(row, what, drains, "ms", "info: %d/%d confirmed" % (confirmed, count),
-                         None, yard=yard, extra=extra)
-        else:
+        else:  # the walk: a race for the CPU with the leaves; the runs confirmed are the figure
             self.add_row(row, what, drains, "ms", "info: %d/%d confirmed" % (confirmed, count),
                          None, extra=extra)
 
@@ -1742,13 +1797,13 @@ class Bench(object):
                     found[child] = start
         return found
 
-    def start_fanout(self, argv, n, context, env=None, timeout=READY_TIMEOUT):
+    def start_fanout(self, argv, n, context, timeout=READY_TIMEOUT):
         """Spawn argv, whose command is FANOUT_HELPER, with stdout on a pipe,
         and wait for its "READY n": (pid, the pipe's read end, to close once
         the run is over)."""
         read_end, write_end = os.pipe()
         try:
-            pid = self.spawn(argv, stdout=write_end, env=env)
+            pid = self.spawn(argv, stdout=write_end)
         except BaseException:
             os.close(read_end)
             raise
@@ -1767,7 +1822,7 @@ class Bench(object):
         """One P13 run: (receipt or None, seconds from the stop file to the
         exit, whether it had to be killed, the sleeps left alive after it)."""
         context = "P13-%s run %d" % (containment, i)
-        options, env = self.containment_env(containment)
+        options = self.containment_options(containment)
         stop = os.path.join(self.stops, "p13-stop")
         sleep = os.path.realpath(shutil.which("sleep"))
         argv, receipt_path = self.supervisor(
@@ -1776,7 +1831,7 @@ class Bench(object):
         aborted, sleepers, read_end = False, {}, None
         try:
             pid, read_end = self.start_fanout((self.ns_prefix or []) + argv, MANY_N, context,
-                                              env=env, timeout=2 * READY_TIMEOUT)
+                                              timeout=2 * READY_TIMEOUT)
             sleepers = self.sleepers_of(pid)
             if len(sleepers) != MANY_N:
                 self.note("%s: %d sleeps found below the helper, expected %d"
@@ -1828,7 +1883,7 @@ class Bench(object):
         return len(left)
 
     def p13_many_sessions(self):
-        modes = ["children", "scan"]
+        modes = ["children"]
         if self.cgroup_why_not.get(self.ns_prefix is not None) is None:
             modes.append("cgroup")
         else:
@@ -1900,45 +1955,231 @@ class Bench(object):
                 os.unlink(stop)
         size = os.path.getsize(receipt_path) if os.path.exists(receipt_path) else None
         receipt = self.check_receipt(receipt_path, context, tag="P14", stop_reason="stop_file",
-                                     exit_status=124)
+                                     exit_status=124, schema_version=4,
+                                     drained_count=ARGV_DRAINED)
         if exit_code(status) != 124:
             self.note("%s: the supervisor exited %d, expected 124" % (context, exit_code(status)))
         self.sweep(context)
         after = exited_wall - parse_utc(receipt["ended_at"]) if receipt else float("nan")
         return receipt, size, after, exited - created
 
-    def p14_receipt_cap(self):
+    def p14_receipt_size(self):
         sh = shutil.which("sh")
         if sh is None:
-            self.note("P14: no sh on PATH; no receipt-cap rows")
+            self.note("P14: no sh on PATH; no receipt-size rows")
             return
         count = 2 if self.quick else 5
-        progress("P14 receipt at its cap: %d x sh with %d x %d bytes of argv, %d runs"
+        progress("P14 receipt of %d sh with %d x %d bytes of argv each, %d runs"
                  % (ARGV_N, ARGV_COUNT, ARGV_BYTES, count))
         runs = [self.argv_run(i, sh) for i in range(count + 1)][1:]  # one warm-up
         receipts = [r[0] for r in runs if r[0] is not None]
-        sizes = [r[1] / 1024.0 for r in runs if r[1] is not None]
-        afters = [r[2] * 1000 for r in runs if r[2] == r[2]]
         whole = len(receipts) == count
-        extra = {"receipt_bytes": [r[1] for r in runs],
-                 "receipt_cap_bytes": int(RECEIPT_CAP_KIB * 1024),
-                 "drained_counts": [rc.get("drained_count") for rc in receipts],
-                 "drained_listed": [len(rc.get("drained") or []) for rc in receipts],
-                 "omitted": [rc.get("omitted") for rc in receipts],
-                 "stop_file_to_exit_ms": [round(r[3] * 1000, 3) for r in runs],
+        self._p14_size_rows(runs, receipts, whole, count, sh)
+        afters = [r[2] * 1000 for r in runs if r[2] == r[2]]
+        worst = max(afters) if whole and len(afters) == count else float("nan")
+        self.add_row("P14", "receipt of %d processes: its ended_at -> the supervisor's exit%s"
+                     % (ARGV_DRAINED, self.contained("P14")), afters or [float("nan")], "ms",
+                     "max <= %g ms" % (RECEIPT_EXIT_LIMIT * 1000), worst, RECEIPT_EXIT_LIMIT * 1000,
+                     extra={"stop_file_to_exit_ms": [round(r[3] * 1000, 3) for r in runs],
+                            "yardstick_note": "the receipt's ended_at (supervise() returned), "
+                                              "wall clock; the exit as the bench's waitid saw it"})
+
+    def _p14_size_rows(self, runs, receipts, whole, count, sh):
+        """P14-size: the receipt stays small whatever the argv; P14-list: it
+        counts every drained process and lists the first RECEIPT_LIST_LIMIT."""
+        sizes = [r[1] / 1024.0 for r in runs if r[1] is not None]
+        counts = [rc.get("drained_count") for rc in receipts]
+        listed = [len(rc.get("drained") or []) for rc in receipts]
+        entries = [e for rc in receipts for key in ("drained", "survivors", "preserved",
+                                                    "unattributed") for e in rc.get(key) or []]
+        # Schema 4: names, never argv; no `omitted`, no `command_truncated`.
+        stale = sorted(set(k for e in entries for k in e if k in ("command", "command_truncated"))
+                       | set(k for rc in receipts for k in rc if k in ("omitted",)))
+        if stale:
+            self.note("P14: receipt keys of schema 3 found: %s" % ", ".join(stale))
+        names = [len(e["name"].encode("utf-8")) for e in entries if isinstance(e.get("name"), str)]
+        extra = {"receipt_bytes": [r[1] for r in runs], "drained_counts": counts,
+                 "drained_listed": listed, "longest_name_bytes": max(names) if names else None,
                  "argv_bytes_each": ARGV_COUNT * ARGV_BYTES,
                  "command": "PY -I -S argv.py %d %d %d %s" % (ARGV_N, ARGV_COUNT, ARGV_BYTES, sh)}
         worst = max(sizes) if whole and len(sizes) == count else float("nan")
-        self.add_row("P14-size", "receipt at its cap: %d sh with %d KB argv each%s: size"
-                     % (ARGV_N, ARGV_COUNT * ARGV_BYTES // 1000, self.contained("P14")),
-                     sizes or [float("nan")], "KiB", "max <= %g KiB (check)" % RECEIPT_CAP_KIB,
-                     worst, RECEIPT_CAP_KIB, extra=extra)
-        worst = max(afters) if whole and len(afters) == count else float("nan")
-        self.add_row("P14", "receipt at its cap: its ended_at -> the supervisor's exit%s"
-                     % self.contained("P14"), afters or [float("nan")], "ms",
-                     "max <= %g ms" % (RECEIPT_EXIT_LIMIT * 1000), worst, RECEIPT_EXIT_LIMIT * 1000,
-                     extra={"yardstick_note": "the receipt's ended_at (supervise() returned), "
-                                              "wall clock; the exit as the bench's waitid saw it"})
+        self.add_row("P14-size", "receipt of %d processes, %d sh with %d KB argv each%s: size"
+                     % (ARGV_DRAINED, ARGV_N, ARGV_COUNT * ARGV_BYTES // 1000,
+                        self.contained("P14")), sizes or [float("nan")], "KiB",
+                     "max <= %g KiB" % RECEIPT_SIZE_LIMIT_KIB, worst, RECEIPT_SIZE_LIMIT_KIB,
+                     extra=extra)
+        passed = whole and all(c == ARGV_DRAINED for c in counts) \
+            and all(n == RECEIPT_LIST_LIMIT for n in listed)
+        self.add_row("P14-list", "receipt of %d processes: drained_count, and %d listed in "
+                     "`drained` (every run)" % (ARGV_DRAINED, RECEIPT_LIST_LIMIT),
+                     [float(c) for c in counts if c is not None] or [float("nan")], "processes",
+                     "%d counted, %d listed" % (ARGV_DRAINED, RECEIPT_LIST_LIMIT), None,
+                     passed=passed, extra={"drained_counts": counts, "drained_listed": listed})
+
+    # COV --------------------------------------------------------------------------------------
+
+    def cov_suite(self):
+        """COV: the test suite's statement coverage of supervisor.py, the
+        supervisors it starts included (see the docstring: what is not)."""
+        version = self.coverage_version()
+        patched = version >= (7, 10, 4)  # `[run] patch`: 7.10.0; its `fork`: 7.10.4
+        self.cov_dir = tempfile.mkdtemp(prefix="supervisor-bench-cov-")
+        os.chmod(self.cov_dir, 0o1777)  # some tests run processes as nobody
+        config = self._write("coverage.ini", coverage_config(self.cov_dir, patched))
+        env = dict(self.env, COVERAGE_PROCESS_START=config)
+        site, minor = self.venv_site()
+        # coverage 7.x keeps a .pth in site-packages that starts it from the
+        # environment; only where none does (an old version) is ours added.
+        pths = [] if self.coverage_starts(env) else [write_pth(site)]
+        progress("COV the test suite under coverage %s (%s), a few minutes" % (
+            ".".join(map(str, version[:3])),
+            "patch = " + COVERAGE_PATCHES if patched else "COVERAGE_PROCESS_START and a .pth"))
+        before = file_digest(SUPERVISOR_REAL)
+        try:
+            self.add_nobody_pths(site, minor, pths)
+            code, seconds, summary = self.run_suite(env)
+        finally:
+            for path in pths:
+                os.unlink(path)
+        if file_digest(SUPERVISOR_REAL) != before:  # the line numbers would not match
+            self.note("COV: supervisor.py changed while the suite ran: its ranges are unreliable")
+        data = self.coverage_json(config)
+        data["commit"] = git_describe(SUPERVISOR_REAL)
+        self.cov_rows(data, version, patched, pths, code, seconds, summary)
+
+    def coverage_version(self):
+        """coverage.version_info of the venv's interpreter; refuse without it."""
+        if not os.access(VENV_PYTHON, os.X_OK):
+            raise BenchError("COV needs the project's venv, %s: python3 -m venv .venv && "
+                             ".venv/bin/python -m pip install -r tests/requirements.txt coverage"
+                             % VENV_PYTHON)
+        done = subprocess.run([VENV_PYTHON, "-c", "import coverage; print(coverage.version_info"
+                               "[:3])"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise BenchError("COV needs coverage.py in the venv: %s -m pip install coverage"
+                             % VENV_PYTHON)
+        return tuple(int(x) for x in done.stdout.decode().strip("()\n ").split(","))
+
+    def coverage_starts(self, env):
+        """Does the venv's interpreter start coverage from this environment?"""
+        done = subprocess.run([VENV_PYTHON, "-c", "import sys; print('coverage' in sys.modules)"],
+                              env=env, cwd=self.cov_dir, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL)
+        for name in os.listdir(self.cov_dir):  # what that probe saved, if anything
+            os.unlink(os.path.join(self.cov_dir, name))
+        return done.stdout.strip() == b"True"
+
+    def venv_site(self):
+        """(site-packages, "3.11") of the venv's interpreter."""
+        done = subprocess.run([VENV_PYTHON, "-c", "import sys, sysconfig; print(sysconfig."
+                               "get_paths()['purelib']); print('%d.%d' % sys.version_info[:2])"],
+                              stdout=subprocess.PIPE, check=True)
+        site, minor = done.stdout.decode().split()
+        return site, minor
+
+    def add_nobody_pths(self, site, minor, written):
+        """Tests run some supervisors as nobody with a system python3 (the
+        venv's interpreter is under /root, out of nobody's reach): where one
+        has the venv's minor version, a .pth in its site-packages lets it
+        import coverage from the venv's (world-readable) site-packages, only
+        when coverage's variables are set. Adds the .pth files to written."""
+        seen = set([os.path.realpath(VENV_PYTHON)])
+        for python in NOBODY_PYTHONS:
+            real = os.path.realpath(python)
+            if real in seen or not os.access(real, os.X_OK):
+                continue
+            seen.add(real)
+            done = subprocess.run([real, "-c", "import site, sys; print('%d.%d' % "
+                                   "sys.version_info[:2]); print(site.getsitepackages()[0])"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            found = done.stdout.decode().split()
+            if done.returncode != 0 or len(found) != 2 or found[0] != minor:
+                self.note("COV: %s is not Python %s: supervisors it runs are not measured"
+                          % (python, minor))
+            elif not os.access(found[1], os.W_OK):
+                self.note("COV: cannot write to %s: supervisors %s runs are not measured"
+                          % (found[1], python))
+            else:
+                written.append(write_pth(found[1], import_from=site))
+
+    def run_suite(self, env):
+        """`.venv/bin/python -m pytest -q` from the project's root, in a session
+        of its own (killed as a group if it outlives COVERAGE_SUITE_ABORT or
+        the bench is interrupted): (exit code, seconds, pytest's last line
+        and the ids of the tests that failed)."""
+        log_path = os.path.join(self.tmp, "pytest.log")
+        t0 = time.monotonic()
+        with open(log_path, "wb") as log:
+            suite = subprocess.Popen([VENV_PYTHON, "-m", "pytest", "-q"], cwd=ROOT, env=env,
+                                     stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                code = suite.wait(timeout=COVERAGE_SUITE_ABORT)
+            except subprocess.TimeoutExpired:
+                raise BenchError("COV: the test suite still ran after %g s" % COVERAGE_SUITE_ABORT)
+            finally:
+                if suite.returncode is None:
+                    os.killpg(suite.pid, signal.SIGKILL)  # its leader is our unreaped child
+                    suite.wait()
+        seconds = time.monotonic() - t0
+        lines = [line for line in (read_text(log_path) or "").splitlines() if line.strip()]
+        failed = [line.split(" - ")[0] for line in lines if line.startswith(("FAILED ", "ERROR "))]
+        return code, seconds, (lines[-1].strip("= ") if lines else "", failed)
+
+    def coverage_json(self, config):
+        """Combine the saved data and read coverage's JSON report of
+        supervisor.py: its "files" entry."""
+        out = os.path.join(self.tmp, "coverage.json")
+        for argv in (["combine", "-q"], ["json", "-q", "-o", out, "--include", SUPERVISOR_REAL]):
+            done = subprocess.run([VENV_PYTHON, "-m", "coverage"] + argv + ["--rcfile", config],
+                                  cwd=self.cov_dir, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT)
+            if done.returncode != 0:
+                raise BenchError("COV: coverage %s failed: %s" % (
+                    argv[0], done.stdout.decode("utf-8", "replace").strip()[-300:]))
+        with open(out) as f:
+            files = json.load(f)["files"]
+        entry = [v for k, v in files.items() if os.path.realpath(k) == SUPERVISOR_REAL]
+        if not entry:
+            raise BenchError("COV: no data for %s (was anything measured?)" % SUPERVISOR_REAL)
+        return entry[0]
+
+    def cov_rows(self, data, version, patched, pths, code, seconds, summary):
+        """The COV row, its uncovered ranges (all in the JSON, the first
+        COVERAGE_NOTE_RANGES as notes) and what could not be measured."""
+        percent = data["summary"]["percent_covered"]
+        ranges = uncovered_ranges(SUPERVISOR_REAL, data["executed_lines"], data["missing_lines"])
+        missing = len(data["missing_lines"])
+        self.add_row("COV", "statements of supervisor.py run by the test suite, subprocesses "
+                     "included (%d of %d)" % (data["summary"]["covered_lines"],
+                                              data["summary"]["num_statements"]),
+                     [percent], "%", ">= %g %%" % COVERAGE_LIMIT, percent, COVERAGE_LIMIT,
+                     passed=percent >= COVERAGE_LIMIT,
+                     extra={"coverage_version": ".".join(map(str, version[:3])),
+                            "supervisor_commit": data["commit"],
+                            "mechanism": "patch = " + COVERAGE_PATCHES if patched else
+                            "COVERAGE_PROCESS_START and a .pth",
+                            "pth_files_added_then_removed": pths, "pytest_exit": code,
+                            "pytest_summary": summary[0],
+                            "pytest_failed": summary[1],
+                            "suite_s": round(seconds, 1), "missing_statements": missing,
+                            "missing_lines": data["missing_lines"],
+                            "excluded_lines": data.get("excluded_lines", []),
+                            "uncovered_ranges": ranges})
+        if code != 0:
+            self.note("COV: pytest exited %d (%s%s): the coverage is of the tests that ran"
+                      % (code, summary[0], "; " + ", ".join(summary[1]) if summary[1] else ""))
+        self.note("COV: %d statements never executed, in %d ranges; the first %d:"
+                  % (missing, len(ranges), min(COVERAGE_NOTE_RANGES, len(ranges))))
+        for r in ranges[:COVERAGE_NOTE_RANGES]:
+            self.note("COV:   %s (%s)" % (r["lines"], r["in"]))
+        self.note("COV: not measured, so counted as never executed if nothing else runs them: "
+                  "supervisors run with -S (no site, no .pth), by another interpreter "
+                  "(test_pythons.py), from a copy of the file, or ended by SIGKILL%s" % (
+                      "" if patched else "; and, without patch = _exit and execv, every "
+                      "supervisor run as a command (it ends with os._exit) and the command's "
+                      "setup in its forked child (it ends in an exec)"))
+        self.note("COV: suite %.0f s under coverage, with %s" % (seconds, VENV_PYTHON))
 
     # -- Whole run --------------------------------------------------------------------------
 
@@ -1955,18 +2196,21 @@ class Bench(object):
             self.note("/proc/PID/io is not readable: no syscall counts in P5/P9")
         set_child_subreaper()
 
-    def run(self, only=None):
-        """Every row, quiet host first, the busy host (P9) last; P11 comes and
-        goes between the two."""
+    def run(self, only=None, coverage=False):
+        """Every row (only: those groups), quiet host first, the busy host
+        (P9) last; P11 comes and goes between the two. COV, which runs the
+        whole test suite, only when asked (coverage, or COV in only)."""
         self.check_platform()
         self.probe_containments()
-        steps = (("P0", self.p0_lean_core), ("P1", self.p1_startup), ("P2", self.p2_exit), ("P3", self.p3_deadline),
-                 ("P4", self.p4_stop_file), ("P5", self.p5_idle), ("P6", self.p6_p7_drains),
-                 ("P10", self.p10_peak_rss), ("P14", self.p14_receipt_cap),
-                 ("P12", self.p12_storm), ("P13", self.p13_many_sessions),
-                 ("P11", self.p11_crowded_host), ("P9", self.p9_busy_host))
+        steps = (("P0", self.p0_lean_core), ("P1", self.p1_startup), ("P2", self.p2_exit),
+                 ("P3", self.p3_deadline), ("P4", self.p4_stop_file), ("P5", self.p5_idle),
+                 ("P6", self.p6_p7_drains), ("P10", self.p10_peak_rss),
+                 ("P14", self.p14_receipt_size), ("P12", self.p12_storm),
+                 ("P13", self.p13_many_sessions), ("P11", self.p11_crowded_host),
+                 ("P9", self.p9_busy_host), ("COV", self.cov_suite))
         for name, step in steps:
-            if only is None or name in only:
+            if (name == "COV" and coverage) or (
+                    name in only if only is not None else name != "COV"):
                 step()
         self.read_stderr_log()
 
@@ -2003,6 +2247,8 @@ class Bench(object):
                 for fd in (self.devnull, self.stderr_fd):
                     os.close(fd)
                 shutil.rmtree(self.tmp, ignore_errors=True)
+                if self.cov_dir is not None:
+                    shutil.rmtree(self.cov_dir, ignore_errors=True)
 
 
 def code_lines(path):
@@ -2028,6 +2274,104 @@ def code_lines(path):
             code.update(line for line in range(token.start[0], token.end[0] + 1)
                         if line not in docs)
     return len(code)
+
+
+def file_digest(path):
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def git_describe(path):
+    """The commit of the repository holding path, "+dirty" when path differs
+    from it, or None without git."""
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", path],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.decode().strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def write_pth(directory, import_from=None):
+    """A .pth file in directory that starts coverage (its process_startup())
+    when coverage's variables are set, and only then, importing it from
+    import_from if given; silent if that fails (a test may read stderr).
+    Its path: the caller removes it."""
+    lines = ["try:",
+             " import os",
+             " if os.environ.get('COVERAGE_PROCESS_START') or "
+             "os.environ.get('COVERAGE_PROCESS_CONFIG'):"]
+    if import_from:
+        lines.append("  sys.path.append(%r)" % import_from)
+    lines += ["  import coverage", "  coverage.process_startup()", "except Exception:", " pass"]
+    path = os.path.join(directory, "zz_supervisor_bench_coverage.pth")
+    with open(path, "w") as f:
+        f.write("import sys; exec(%r)\n" % "\n".join(lines))  # a .pth runs lines starting "import"
+    return path
+
+
+def coverage_config(data_dir, patched):
+    """coverage.py's config for COV: every process saves its own data file
+    (parallel) in data_dir, and only supervisor.py is measured; with patched,
+    coverage's own patches carry the measurement into subprocesses, through
+    os._exit (the supervisor's way out), into forked children and up to
+    their exec."""
+    lines = ["[run]", "parallel = true", "include = %s" % SUPERVISOR_REAL,
+             "data_file = %s" % os.path.join(data_dir, ".coverage")]
+    if patched:
+        lines.append("patch = %s" % COVERAGE_PATCHES)
+    return "\n".join(lines) + "\n"
+
+
+def uncovered_ranges(path, executed, missing):
+    """Runs of consecutive never-executed statements (consecutive among the
+    statements, as coverage's report merges them), each with the innermost
+    function or class it falls in: [{"lines": "120-125", "first", "last",
+    "statements", "in"}]."""
+    statements = sorted(set(executed) | set(missing))
+    missing = set(missing)
+    ranges, run = [], []
+    for line in statements + [None]:
+        if line in missing:
+            run.append(line)
+        elif run:
+            ranges.append(run)
+            run = []
+    scopes = code_scopes(path)
+    return [{"lines": "%d" % r[0] if len(r) == 1 else "%d-%d" % (r[0], r[-1]),
+             "first": r[0], "last": r[-1], "statements": len(r), "in": scope_of(scopes, r[0])}
+            for r in ranges]
+
+
+def code_scopes(path):
+    """(first line, last line, qualified name) of every function and class."""
+    import ast
+    with open(path, "rb") as f:
+        tree = ast.parse(f.read())
+    scopes = []
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                scopes.append((first, child.end_lineno, name))
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+    visit(tree, "")
+    return scopes
+
+
+def scope_of(scopes, line):
+    """The innermost scope holding line, or "<module>"."""
+    inside = [s for s in scopes if s[0] <= line <= s[1]]
+    return max(inside, key=lambda s: s[0])[2] if inside else "<module>"
 
 
 def reference_tools():
@@ -2111,7 +2455,8 @@ def machine_info(py):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description="Measure supervisor.py against P1-P14.")
+    parser = argparse.ArgumentParser(description="Measure supervisor.py against P0-P14 "
+                                     "(and, when asked, the test suite's coverage of it: COV).")
     parser.add_argument("--python", help="the interpreter binary to run everything with "
                         "(default: this one, resolved; pyenv shims are refused)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
@@ -2123,8 +2468,10 @@ def parse_args(argv):
     parser.add_argument("--nemo", metavar="PATH", help="NeMo Gym's process_supervisor.py (at "
                         "978ad55), fetched into a temporary folder: P0's baseline")
     parser.add_argument("--only", help="development: comma-separated groups to run "
-                        "(P1,P2,P3,P4,P5,P6 (P6-P8),P10,P14,P12,P13,P11,P9); P9 needs "
+                        "(P0,P1,P2,P3,P4,P5,P6 (P6-P8),P10,P14,P12,P13,P11,P9,COV); P9 needs "
                         "P4,P5,P6 for its ratios")
+    parser.add_argument("--coverage", action="store_true", help="also run COV: the test "
+                        "suite under coverage.py (in .venv), supervisor.py's statements it runs")
     args = parser.parse_args(argv)
     if args.pairs is None:
         args.pairs = 10 if args.quick else 30
@@ -2156,7 +2503,7 @@ def main(argv=None):
     error, status = None, 0
     gc.disable()  # no collector pauses inside the bench's own timings
     try:
-        bench.run(set(args.only.upper().split(",")) if args.only else None)
+        bench.run(set(args.only.upper().split(",")) if args.only else None, args.coverage)
     except KeyboardInterrupt:
         error, status = "interrupted", 130
     except BenchError as e:

@@ -157,6 +157,21 @@ def test_user_refuses_a_path_through_a_directory_the_user_can_rename(open_dir):
     assert len(lines) == 1 and sub in lines[0], result.stderr
 
 
+@needs_root
+def test_user_refuses_a_dotdot_on_the_receipt_path(open_dir):
+    """home/sub/../../ctl/receipt.json, home writable by nobody: the kernel
+    passes through sub, which nobody may rename and replace with a symlink
+    of its own, and no rule judges a directory the path only passes. Under
+    --user a `..` on the receipt path is refused."""
+    home = os.path.join(open_dir["top"], "home")
+    os.makedirs(os.path.join(home, "sub"))
+    os.chmod(home, 0o777)
+    receipt = os.path.join(home, "sub", "..", "..", "ctl", "receipt.json")
+    result = user_run(dict(open_dir, receipt=receipt), "--user", "nobody", command=("true",))
+    assert result.returncode == 125, result.stderr
+    assert result.stderr.count("\n") == 1 and "'..'" in result.stderr, result.stderr
+
+
 # --- Shared uids ------------------------------------------------------------------------------------
 
 @needs_root
