@@ -2511,7 +2511,10 @@ def _act_on_signals(run):
         if sig == signal.SIGCHLD:
             child_exited = True
         else:
-            _signal_action(run.state, sig)(run, sig, when)
+            kind = 1 if sig in _FORWARDED_SIGNALS else 2 if sig == signal.SIGTSTP else 0
+            action = _SIGNAL_ACTIONS[run.state][kind]
+            if action is not None:
+                action(run, sig, when)
     # While a list reap is pending, the zombie that made it so still hides the
     # others from waitid(): a SIGCHLD (a storm sends thousands) changes nothing.
     if run.reaper.pending:
@@ -2519,13 +2522,6 @@ def _act_on_signals(run):
             run.reaper.reap_exited()
     elif child_exited:
         run.reaper.reap_exited()
-
-
-def _signal_action(state, sig):
-    actions = _SIGNAL_ACTIONS[state]
-    if sig in _FORWARDED_SIGNALS:
-        return actions.forwarded
-    return actions.suspend if sig == signal.SIGTSTP else actions.stop
 
 
 def _request_stop(run, sig, when):
@@ -2568,28 +2564,17 @@ def _suspend_on_signal(run, sig, when):
     _suspend(run)
 
 
-def _ignore_signal(run, sig, when):
-    pass
-
-
-class _Actions(object):
-    """What each kind of signal does in one state."""
-    __slots__ = ("stop", "forwarded", "suspend")
-
-    def __init__(self, stop, forwarded, suspend):
-        self.stop, self.forwarded, self.suspend = stop, forwarded, suspend
-
-
 # What a signal does, by the state of the run: a stop signal (TERM, INT, HUP
 # and every other that would end us), a forwarded one (USR1, USR2, WINCH),
-# and SIGTSTP. SIGCHLD reaps in every state (_act_on_signals).
+# and SIGTSTP; None ignores it. SIGCHLD reaps in every state (_act_on_signals).
 _SIGNAL_ACTIONS = {
-    "starting": _Actions(stop=_request_stop, forwarded=_ignore_signal, suspend=_ignore_signal),
-    "running": _Actions(stop=_request_stop, forwarded=_forward, suspend=_suspend_on_signal),
-    "terminating": _Actions(stop=_hurry, forwarded=_forward, suspend=_ignore_signal),
-    "killing": _Actions(stop=_hurry, forwarded=_ignore_signal, suspend=_ignore_signal),
-    "draining": _Actions(stop=_hurry, forwarded=_ignore_signal, suspend=_ignore_signal),
-    "done": _Actions(stop=_ignore_signal, forwarded=_ignore_signal, suspend=_ignore_signal),
+    #              stop           forwarded  suspend
+    "starting":    (_request_stop, None, None),
+    "running":     (_request_stop, _forward, _suspend_on_signal),
+    "terminating": (_hurry, _forward, None),
+    "killing":     (_hurry, None, None),
+    "draining":    (_hurry, None, None),
+    "done":        (None, None, None),
 }
 
 

@@ -46,14 +46,25 @@ def test_supervise_takes_the_clis_choices_and_writes_the_receipt(paths):
 def test_supervise_refuses_a_receipt_inside_the_workdir_and_bad_choices(paths):
     code = ("import supervisor as s\n"
             "for kwargs in (dict(receipt=%r), dict(policy='keep-all'), dict(stop_signal='NOPE'),"
-            " dict(containment='jail')):\n"
+            " dict(containment='jail'), dict(stop_file='x'), dict(verbose=1, user='')):\n"
             "    try:\n"
             "        s.supervise(['true'], 5, workdir=%r, **kwargs)\n"
             "    except s.UsageError as e:\n"
             "        print('refused:', e)\n" % (str(paths.work / "r.json"), str(paths.work)))
     lines = run_python(code).stdout.splitlines()
-    assert len(lines) == 4 and all(line.startswith("refused:") for line in lines), lines
+    assert len(lines) == 6 and all(line.startswith("refused:") for line in lines), lines
     assert "inside the workdir" in lines[0] and "policy" in lines[1]
+    assert "no option 'stop_file'" in lines[4] and "user" in lines[5]
+
+
+def test_supervise_takes_an_argv_of_bytes_and_the_receipt_shows_it_as_text(paths):
+    """An argv of bytes runs as given; the receipt shows it as text (bytes that
+    are not UTF-8 replaced)."""
+    code = ("import supervisor as s\n"
+            "r = s.supervise([b'sh', b'-c', b'exit 3', b'caf\\xe9'], 30, workdir=%r)\n"
+            "print(r['return_code'], ascii(r['command']))\n" % str(paths.work))
+    out = run_python(code).stdout.split(None, 1)
+    assert out[0] == "3" and out[1].strip() == "['sh', '-c', 'exit 3', 'caf\\ufffd']", out
 
 
 def test_a_launch_that_fails_after_the_fork_ends_what_it_started():
