@@ -140,7 +140,7 @@ _GROUP, _RUN = "group", "run"
 # inotify sees the stop file at once in its directory; this check by path
 # covers what inotify cannot see (a renamed ancestor, a re-pointed symlink, a
 # mount, a network filesystem's remote changes).
-_STOP_FILE_CHECK_INTERVAL = 1.0
+_STOP_FILE_CHECK_INTERVAL = 2.0
 # cgroup.freeze takes effect when every task has stopped in the kernel; a
 # task in D state delays it: the look waits this long at most, then goes on.
 _FREEZE_LIMIT = 0.5
@@ -1906,7 +1906,9 @@ class _CgroupContainment(object):
                                 if keep == _KEEP_EVERYTHING or not in_group(p)])
         if keep == _KEEP_EVERYTHING:
             return []  # a nested supervisor's cgroup, not moved, is kept too
-        found = list(self._members(endtime).values())
+        if keep != _KEEP_NOTHING:  # what is left once the kept moved out
+            members = self._members(endtime)
+        found = list(members.values())
         for proc in found:
             self.walker.record.saw(proc)
         self.stopped = set(p.pid for p in found if p.state == "T")

@@ -392,10 +392,13 @@ def test_a_supervisor_stopped_past_its_deadline_stops_the_run_as_timeout(paths):
 
 # --- 14. The stop file: always heard, never confused ---------------------------------------------------
 
+# What a loaded machine may add to the 2 s between two looks by path.
+LOOK_SLACK = 1.5
+
+
 def stop_noticed(proc, paths, change):
     """Make `change`, create the stop file, and return how long the
-    supervisor took to decide the stop, by the receipt's clock (well under
-    the 2 s safety check: inotify)."""
+    supervisor took to decide the stop, by the receipt's clock."""
     read_lines_until(proc.stdout, "started")
     change()
     created = time.time()
@@ -430,7 +433,8 @@ def test_the_stop_file_is_noticed_after_an_ancestor_is_renamed(paths, tmp_path):
     def rename_ancestor():
         os.rename(str(tmp_path / "ctl"), str(tmp_path / "ctl-old"))
         (tmp_path / "ctl" / "run").mkdir(parents=True)
-    assert stop_noticed(proc, paths, rename_ancestor) < 1.5
+    # Not in the directory watched: the look by path, every 2 s, finds it.
+    assert stop_noticed(proc, paths, rename_ancestor) < 2 + LOOK_SLACK
 
 
 def test_the_stop_file_is_noticed_after_a_symlinked_ancestor_is_re_pointed(paths, tmp_path):
@@ -443,7 +447,7 @@ def test_the_stop_file_is_noticed_after_a_symlinked_ancestor_is_re_pointed(paths
     def re_point():
         (tmp_path / "next").symlink_to("run2")
         os.rename(str(tmp_path / "next"), str(tmp_path / "current"))  # as ln -sfn does
-    assert stop_noticed(proc, paths, re_point) < 1.5
+    assert stop_noticed(proc, paths, re_point) < 2 + LOOK_SLACK
     assert (tmp_path / "run2" / "stop").exists()
 
 
