@@ -1261,7 +1261,7 @@ class _Walker(object):
         try:
             while stack:
                 out_of_time = endtime is not None and _now() >= endtime
-                if not out_of_time:
+                if not out_of_time and self.roots is None:  # --end-kept reaps nothing
                     self.reaper.reap_when_due()
                 parent, pid = stack.pop()
                 if pid is None:
@@ -1281,6 +1281,9 @@ class _Walker(object):
                     if careful and not self._still_there(node):
                         walk.stable = False
                     stack.extend((node, child) for child in reversed(children))
+        except BaseException:
+            hold = False  # a failed look: nobody will use its pins
+            raise
         finally:
             self.reaper.held.clear()
             for node, pid in stack:
@@ -1298,20 +1301,23 @@ class _Walker(object):
 
     def _leave(self, node, kill, walk):
         """Its children are done: kill it (with kill), and keep its pin, for
-        the stop signal (a look), or for waiting while the fd limit allows (a
-        kill walk)."""
+        the stop signal (a look) or for waiting (a kill walk), while the fd
+        limit allows; past it, a process the look stopped runs on (SIGCONT):
+        it gets SIGKILL in the drain."""
         proc, pin, _ = node
         if pin is None:
             return
         self.reaper.held.discard(proc.pid)
         if kill and not self.in_group(proc):
             pin.send(signal.SIGKILL)
-        if kill and len(walk.pins) == _PIN_FD_HEADROOM:
+        if len(walk.pins) == _PIN_FD_HEADROOM:
             walk.wait_budget = self.budget.allowed(len(walk.pins) + 1)
-        if not kill or len(walk.pins) < walk.wait_budget:
+        if len(walk.pins) < walk.wait_budget:
             walk.pins.append(pin)
-        else:
-            pin.close()
+            return
+        if not kill and not self.in_group(proc):
+            pin.send(signal.SIGCONT)
+        pin.close()
 
     def _visit(self, parent, pid, scope, hold, walk):
         """Look at one process. None when it is gone, moved, the caller's, or
@@ -1378,7 +1384,11 @@ class _Walker(object):
             fd = self.budget.pidfd(pid)
             if fd is False or (fd is None and parent_proc is not None):
                 return None
-        proc = self.fs.stat(pid)
+        try:
+            proc = self.fs.stat(pid)
+        except BaseException:
+            _closed(_Pin(None, fd))
+            raise
         if proc is not None and parent_proc is not None and (
                 proc.ppid != parent_proc.pid or _readable(fd)
                 or (not parent_is_ours and _readable(parent_fd))):
@@ -1495,6 +1505,10 @@ class _ProcContainment(object):
         """sig, then SIGCONT, to the group (by killpg) and to every process
         look() stopped (by its pin); a waiter on those pins."""
         pins, self.held = self.held, []
+        # A pin without a pidfd is a child of ours, signalled by its pid: the
+        # reaper may have freed that pid since the look; nothing reaps from
+        # this check to the signals.
+        pins = [pin for pin in pins if pin.fd is not None or self._our_child(pin.proc)]
         for each in (sig, signal.SIGCONT):
             if each:
                 self.walker.signal_group(each)
@@ -1502,6 +1516,10 @@ class _ProcContainment(object):
                     if not self.walker.in_group(pin.proc):
                         pin.send(each)
         return _PinWaiter(self.walker.fs, self.walker.record, pins)
+
+    def _our_child(self, proc):
+        now = self.walker.fs.stat(proc.pid)
+        return now is not None and now.start == proc.start and now.ppid == self.walker.me
 
     def kill(self, endtime):
         self.walker.signal_group(signal.SIGKILL)
@@ -3093,10 +3111,14 @@ def _finish(run):
     containment = run.containment
     endtime = _now() + _FINISH_LIMIT
     run.preserved = containment.preserved(endtime)
-    if not run.survivors and run.stable:
-        run.survivors = containment.census(endtime)[0]
-    if _now() >= endtime:
-        run.stable = False
+    while not run.survivors and run.stable:
+        # A look disturbed (a kept service died, handing its children to a
+        # list read before) is taken again; one cut short claims nothing.
+        run.survivors, whole = containment.census(endtime)
+        if whole or run.survivors:
+            break
+        if _now() >= endtime:
+            run.stable = False
     run.unattributed = [p for p in run.callers.unattributed.values() if run.fs.alive(p)]
     if run.plan.user is not None and run.plan.user.switching:
         run.foreign = _foreign_processes(run, _now() + _FINISH_LIMIT)
@@ -3433,6 +3455,8 @@ class _ReceiptTarget(object):
                 self.dir_fd, self.can_sync = _open_directory(directory)
                 break
             except FileNotFoundError as e:
+                if os.path.lexists(directory):  # a dangling symlink: never made, never followed
+                    raise _path_error(OSError(errno.ENOENT, "a dangling symlink"), directory)
                 directory, name = os.path.split(directory)
                 if name == "..":  # below a missing directory: no such path
                     raise _path_error(e, self.path)
@@ -3677,8 +3701,10 @@ def _api_values(timeout, cleanup_timeout, options):
 def _checked(kind, value, name):
     """An option's value, checked: from the command line a string, from the
     API a string or the value itself. None stays None (not given)."""
-    if value is None or kind == "pid":
+    if kind in ("path", "text", "pid") and value is None:
         return value
+    if value is None:
+        raise UsageError("%s: give a value, not None" % name)
     if kind == "duration":
         return parse_duration(value, name) if isinstance(value, str) else _check_seconds(
             value, name)
@@ -3966,11 +3992,15 @@ def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
     roots = {}
     try:
         roots, exited, left_alone = _kept_roots(fs, receipt.get("preserved") or [])
+        done, ended, note = True, 0, None
         if receipt.get("kept_cgroup"):
             done, ended, note = _end_kept_cgroups(fs, receipt, roots, endtime)
-        else:
-            done, ended = _end_kept_trees(fs, roots, endtime)
-            note = None
+        # Whatever of the kept is alive outside a cgroup ended: by the walk.
+        alive = dict((pid, pin) for pid, pin in roots.items() if not _readable(pin.fd))
+        if alive:
+            gone, count = _end_kept_trees(fs, alive, endtime)
+            done, ended = done and gone, ended + count
+        if not receipt.get("kept_cgroup"):
             if exited:
                 # What a kept process that exited started went to init: no
                 # cgroup holds it, no pid leads there. Nothing can be said of it.
@@ -4030,7 +4060,7 @@ def _end_kept_trees(fs, roots, endtime):
         round_ = walker.kill_round(endtime)
         try:
             gone = _wait_quietly(round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
-            gone = gone and len(round_.walk.pins) == len(round_.walk.found)
+            gone = gone and round_.walk.stable and len(round_.walk.pins) == len(round_.walk.found)
         finally:
             round_.close()
         left = [pid for pid in before if not _readable(roots[pid].fd)]
@@ -4202,7 +4232,7 @@ def _parse_args(argv):
         i += 1
     for _, keyword, kind, default, _, _ in _OPTIONS:
         if keyword not in values:
-            values[keyword] = _checked(kind, default, keyword)
+            values[keyword] = default if default is None else _checked(kind, default, keyword)
     if values["end_kept"] is None:
         if values["timeout"] is None:
             raise UsageError("--timeout is required (seconds, e.g. --timeout 600)")

@@ -119,6 +119,37 @@ def test_end_kept_ends_what_a_receipt_kept_and_leaves_a_reused_pid_alone(paths, 
         kill_all([p for p in (service, child) if alive(p)])
 
 
+def test_end_kept_ends_a_kept_process_whose_cgroup_is_gone_and_reaps_nothing_of_the_callers():
+    """A kept process that left its kept cgroup, which was removed since: it
+    is ended by the walk, never taken as gone with the cgroup. And end_kept()
+    from Python reaps none of the caller's own children (here one that
+    exited 3 before: the caller still waits for it)."""
+    code = ("import subprocess, supervisor as s\n"
+            "first = subprocess.Popen(['sh', '-c', 'exit 3'])\n"
+            "kept = subprocess.Popen(['sleep', '300'])\n"
+            "start = int(open('/proc/%d/stat' % kept.pid).read().rsplit(')', 1)[1].split()[19])\n"
+            "r = {'cgroup': '/treereap-1-00000000', 'kept_cgroup': '/treereap-1-00000000.kept',\n"
+            "     'preserved': [{'pid': kept.pid, 'start_time': start, 'name': 'sleep'}]}\n"
+            "import time; time.sleep(0.2)\n"
+            "done, line = s.end_kept(r, 5)\n"
+            "print(done, kept.wait(), first.wait(), line)\n")
+    out = run_python(code).stdout.split(None, 3)
+    assert out[0] == "True" and out[1] == "-9" and out[2] == "3", out
+
+
+def test_supervise_refuses_none_where_a_value_is_needed():
+    code = ("import supervisor as s\n"
+            "for args, kwargs in (((['true'], 5, None), {}), ((['true'], None), {}),"
+            " ((['true'], 5), dict(stop_signal=None)), ((['true'], 5), dict(policy=None)),"
+            " ((['true'], 5), dict(containment=None))):\n"
+            "    try:\n"
+            "        s.supervise(*args, **kwargs)\n"
+            "    except s.UsageError as e:\n"
+            "        print('refused:', e)\n")
+    lines = run_python(code).stdout.splitlines()
+    assert len(lines) == 5 and all("give a value" in line for line in lines), lines
+
+
 def test_end_kept_never_says_all_gone_when_a_kept_process_exited_first(paths):
     """Without a cgroup, what a kept process started is found through it: once
     it exited, its children went to init and nothing leads to them. The

@@ -232,6 +232,16 @@ def test_a_temporary_file_left_by_an_earlier_pid_1_does_not_block_the_receipt(pa
     assert read_receipt(paths.receipt)["supervisor_pid"] == 1
 
 
+def test_a_dangling_symlink_on_the_receipts_directory_path_is_refused(paths, tmp_path):
+    """A directory of the receipt's path that is a dangling symlink would be
+    made at the end, and fail then: refused at the start, nothing run."""
+    (tmp_path / "out").symlink_to(tmp_path / "nowhere")
+    result = run_supervisor(*paths.options() + ["--", "touch", paths.work / "ran"])
+    assert result.returncode == 125
+    one_line(result.stderr, "--receipt", "dangling symlink")
+    assert not (paths.work / "ran").exists() and not (tmp_path / "nowhere").exists()
+
+
 @pytest.mark.parametrize("made", [True, False], ids=["there", "made at the end"])
 def test_a_receipt_directory_swapped_for_a_symlink_cannot_move_the_receipt(paths, tmp_path,
                                                                            made):
