@@ -2019,11 +2019,17 @@ class _CgroupContainment(object):
         return self.walker.confirm(endtime, walk)
 
     def preserved(self, endtime):
-        """Our live children in the kept cgroup: the roots of what is kept."""
+        """The roots of what is kept: the live processes of the kept cgroup
+        whose parent is none of them (our children, and the children of one
+        that is dying this moment, not yet handed to us)."""
         if self.kept_cgroup is None:
             return []
-        return [p for p in self.walker.children.live(endtime, self.walker.reaper)
-                if p.pid != self.walker.pid and self.fs.cgroup_of(p.pid) == self.kept_cgroup.path]
+        members = {}
+        for pid in self.kept_cgroup.procs():
+            proc = self.fs.stat(pid)
+            if proc is not None and proc.live:
+                members[pid] = proc
+        return [p for p in members.values() if p.ppid not in members]
 
     def census(self, endtime):
         """What is alive in the cgroup, and what the walk finds outside it."""
