@@ -2347,12 +2347,7 @@ class _User(object):
         if pid == 0:
             try:
                 os.close(read_end)
-                if self.switching:
-                    os.setgroups(self.groups)
-                    os.setresgid(self.gid, self.gid, self.gid)
-                    os.setresuid(self.uid, self.uid, self.uid)
-                answers = "".join(_try_as_user(path, how) for path, how in checks)
-                os.write(write_end, answers.encode())
+                self._answer(checks, write_end)
             finally:
                 os._exit(0)
         os.close(write_end)
@@ -2364,6 +2359,15 @@ class _User(object):
         if len(answers) != len(checks):
             raise UsageError("--user: cannot check what %s may do (the check failed)" % self.shown)
         return [answer == "1" for answer in answers]
+
+
+    def _answer(self, checks, fd):
+        """In the child of can(): become the user, try each check, say."""
+        if self.switching:
+            os.setgroups(self.groups)
+            os.setresgid(self.gid, self.gid, self.gid)
+            os.setresuid(self.uid, self.uid, self.uid)
+        os.write(fd, "".join(_try_as_user(path, how) for path, how in checks).encode())
 
 
 def _try_as_user(path, how):

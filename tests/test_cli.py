@@ -9,7 +9,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import IS_ROOT, PY, ROOT, read_receipt, run_supervisor
+from conftest import IS_ROOT, PY, ROOT, read_receipt, run_supervisor, supervisor_cmd
 
 sys.path.insert(0, ROOT)
 import supervisor  # noqa: E402  (the pure helpers only: no run in-process)
@@ -83,6 +83,11 @@ def test_no_command_is_refused(sandbox, tail):
 
 def test_unknown_option_is_refused(sandbox):
     refused(sandbox, ["--bogus"] + good(sandbox), must_name="--bogus")
+
+
+@pytest.mark.parametrize("flag", ["--verbose=1", "--keep-services=yes"])
+def test_a_flag_with_a_value_is_refused(sandbox, flag):
+    refused(sandbox, [flag] + good(sandbox), must_name=flag.partition("=")[0])
 
 
 def test_receipt_inside_the_workdir_is_refused(sandbox):
@@ -212,6 +217,12 @@ def test_huge_timeout_does_not_overflow_a_wait(sandbox):
 def test_help():
     result = run_supervisor("--help")
     assert result.returncode == 0 and "--timeout DURATION" in result.stdout
+
+
+def test_help_with_stdout_closed_still_exits_0():
+    result = subprocess.run(supervisor_cmd("--help"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1), timeout=60)
+    assert result.returncode == 0 and result.stderr == b""
 
 
 def test_version():

@@ -94,7 +94,7 @@ def test_signal_forms_and_refusals(paths):
     # As timeout(1): the stop signal KILL ends the command by SIGKILL: 137.
     result = run_supervisor("-sKILL", *paths.options(timeout=0.3) + ["--", "sleep", "5"])
     assert result.returncode == 137 and read_receipt(paths.receipt)["return_code"] == -9
-    for bad in ("FOO", "-1", "999", "TERM+1", "\u0661"):
+    for bad in ("FOO", "-1", "999", "TERM+1", "RTMIN+x", "SIG_IGN", "\u0661"):
         result = run_supervisor("--signal", bad, *paths.options() + ["--", "true"])
         assert result.returncode == 125 and "--signal" in result.stderr, bad
 
