@@ -1600,6 +1600,9 @@ class _Cgroup(object):
                 continue  # removed meanwhile (the nested supervisor is done)
             try:
                 pids.extend(below.procs())
+            except OSError as e:
+                if e.errno != errno.EOPNOTSUPP:
+                    raise  # (threaded: its processes are the domain's above, listed)
             finally:
                 below.close()
         return pids
@@ -1616,6 +1619,10 @@ class _Cgroup(object):
 
     def populated(self):
         return self.events().get("populated") != "0"
+
+    def holds(self, path):
+        """Is the cgroup path (as /proc/PID/cgroup gives it) this one or below it?"""
+        return path == self.path or (path or "").startswith(self.path.rstrip("/") + "/")
 
     def end(self, endtime):
         """cgroup.kill, and wait until it is empty (True) or endtime (False)."""
@@ -1909,21 +1916,24 @@ class _CgroupContainment(object):
     def look(self, keep, endtime):
         """Freeze the cgroup; move what is kept, while frozen, to the sibling
         cgroup: the services (our children outside the group) and their
-        subtrees but for the group's members below them ('detached'), every
-        process outside the group, or every process; the rest, recorded."""
+        subtrees but for the group's members below them ('detached'), or
+        every process outside the group; the rest, recorded. When everything
+        is kept, the run's cgroup is the kept one, the cgroups below it (a
+        nested supervisor's, a root command's) with it: nothing moves."""
+        self._stay_out()
         self.cgroup.write("cgroup.freeze", "1")
         _wait_quietly(_EventWaiter(self.cgroup, "frozen", "1"), min(endtime, _now() + _FREEZE_LIMIT))
         self.keeping = keep
+        if keep == _KEEP_EVERYTHING:
+            self.kept_cgroup = self.cgroup
+            return []
         members = self._members(endtime)
         in_group = self.walker.in_group
         if keep == _KEEP_DETACHED:
             roots = [p for p in members.values() if p.ppid == self.walker.me and not in_group(p)]
             self._move_to_kept(_subtrees(members, roots, stop=in_group))
         elif keep != _KEEP_NOTHING:
-            self._move_to_kept([p for p in members.values()
-                                if keep == _KEEP_EVERYTHING or not in_group(p)])
-        if keep == _KEEP_EVERYTHING:
-            return []  # a nested supervisor's cgroup, not moved, is kept too
+            self._move_to_kept([p for p in members.values() if not in_group(p)])
         if keep != _KEEP_NOTHING:  # what is left once the kept moved out
             members = self._members(endtime)
         found = list(members.values())
@@ -1939,7 +1949,8 @@ class _CgroupContainment(object):
         if not procs:
             return
         if self.kept_cgroup is None:
-            self.kept_cgroup = self.home.make_child(self.cgroup.path.rsplit("/", 1)[-1] + ".kept")
+            self.kept_cgroup = self.home.make_child("%s.kept-%s" % (
+                self.cgroup.path.rsplit("/", 1)[-1], os.urandom(4).hex()))
         for proc in reversed(procs):
             fd = self.walker.budget.pidfd(proc.pid)
             if fd is False:
@@ -2001,11 +2012,20 @@ class _CgroupContainment(object):
                 os.close(fd)
 
     def kill(self, endtime):
+        self._stay_out()
         self.cgroup.write("cgroup.kill", "1")
+
+    def _stay_out(self):
+        """A root command can write our own pid into the run's cgroup: the
+        freeze would stop us, cgroup.kill kill us. Before either, we move
+        back to our own cgroup (ours to write: we made the run's in it)."""
+        if self.cgroup.holds(self.fs.cgroup_of(self.walker.me)):
+            self.home.write("cgroup.procs", str(self.walker.me))
 
     def drain_round(self, endtime):
         """cgroup.kill (again: cheap, and a storm is over at once); once the
         cgroup is empty, a kill walk for what left it."""
+        self._stay_out()
         self.cgroup.write("cgroup.kill", "1")
         if self.cgroup.populated():
             return _Round(None, _EventWaiter(self.cgroup, "populated", "0"))
@@ -2052,10 +2072,12 @@ class _CgroupContainment(object):
         usage = _cgroup_usage(self.cgroup)
         if not self.removed and not self.cgroup.populated():
             self.removed = self.home.remove_child(self.cgroup)
-        if self.kept_cgroup is not None and not self.kept_cgroup.populated():
-            if self.home.remove_child(self.kept_cgroup):
-                self.kept_cgroup.close()
-                self.kept_cgroup = None
+        kept = self.kept_cgroup
+        if kept is self.cgroup:  # everything kept: the run's own
+            self.kept_cgroup = None if self.removed else kept
+        elif kept is not None and not kept.populated() and self.home.remove_child(kept):
+            kept.close()
+            self.kept_cgroup = None
         return {"containment": "cgroup", "cgroup": self.cgroup.path, "usage": usage,
                 "kept_cgroup": self.kept_cgroup.path if self.kept_cgroup is not None else None}
 
@@ -4082,27 +4104,26 @@ def _end_kept_trees(fs, roots, endtime):
 
 
 def _end_kept_cgroups(fs, receipt, roots, endtime):
-    """cgroup.kill on the receipt's kept cgroup, if it is one this supervisor
-    makes (its name: the run's cgroup's, with .kept) and holds the kept
-    processes the receipt names that are alive (a receipt naming another
-    run's cgroup is then caught); then on the run's cgroup, if it outlived
-    its supervisor (a nested supervisor's cgroup below it held processes
-    when everything was kept), once no supervisor holds it (its flock).
-    Each is removed once empty. (done, how many they held, a note)."""
+    """cgroup.kill on the receipt's kept cgroup, then its removal, if it is
+    one this supervisor makes (named after the run's cgroup: that one, when
+    everything was kept, or RUN.kept-RANDOM), if the receipt kept anything,
+    if no supervisor holds it any more (its flock: a live run's is left
+    alone), and if it holds every kept process the receipt names that is
+    alive (a receipt naming another run's cgroup is then caught). A kept
+    cgroup whose listed processes all died holds what descends from them:
+    no pid chain leads there any more, and it is ended too. (done, how many
+    it held, a note)."""
     path, run_path = receipt["kept_cgroup"], str(receipt.get("cgroup") or "")
     name, run_name = path.rsplit("/", 1)[-1], run_path.rsplit("/", 1)[-1]
-    if not (name.startswith("treereap-") and name == run_name + ".kept"):
+    if not (name.startswith("treereap-") and name.partition(".kept-")[0] == run_name
+            and receipt.get("preserved")):
         return False, 0, "kept_cgroup %s is not a cgroup this supervisor makes: left alone" % path
     try:
         home = _home_of(fs, path)
     except _NoCgroup as e:
         return False, 0, "kept_cgroup %s: %s" % (path, e)
     try:
-        done, count, note = _end_cgroup(fs, home, name, roots, endtime)
-        if done:
-            done, more, note = _end_cgroup(fs, home, run_name, None, endtime)
-            count += more
-        return done, count, note
+        return _end_cgroup(fs, home, name, roots, endtime)
     finally:
         home.close()
 
@@ -4117,28 +4138,27 @@ def _home_of(fs, path):
 
 
 def _end_cgroup(fs, home, name, roots, endtime):
-    """End the cgroup `name` below home and remove it: the kept one when it
-    holds every root still alive, or (roots None) a run's that no supervisor
-    holds. (done, how many it held, a note)."""
+    """End the cgroup `name` below home and remove it, unless a supervisor
+    still holds it or it does not hold every root still alive. (done, how
+    many it held, a note)."""
     import fcntl
     try:
         cgroup = home.child(name)
     except OSError as e:
         if e.errno == errno.ENOENT:
             return True, 0, None  # removed already: nothing in it
-        return False, 0, "cgroup %s: %s" % (name, e.strerror)
+        return False, 0, "kept_cgroup %s: %s" % (name, e.strerror)
     try:
-        if roots is None:
-            try:
-                fcntl.flock(cgroup.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                return False, 0, "cgroup %s is its supervisor's still" % cgroup.path
-        elif any(fs.cgroup_of(pid) != cgroup.path for pid in roots):
+        try:
+            fcntl.flock(cgroup.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False, 0, "kept_cgroup %s is its run's still: left alone" % cgroup.path
+        if any(not cgroup.holds(fs.cgroup_of(pid)) for pid in roots):
             return False, 0, ("kept_cgroup %s does not hold the processes the receipt kept: "
                               "left alone" % cgroup.path)
         count = len(cgroup.procs())
         if not cgroup.end(endtime):
-            return False, count, "cgroup %s is not empty" % cgroup.path
+            return False, count, "kept_cgroup %s is not empty" % cgroup.path
         home.remove_child(cgroup)
         return True, count, None
     finally:

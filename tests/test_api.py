@@ -128,7 +128,7 @@ def test_end_kept_ends_a_kept_process_whose_cgroup_is_gone_and_reaps_nothing_of_
             "first = subprocess.Popen(['sh', '-c', 'exit 3'])\n"
             "kept = subprocess.Popen(['sleep', '300'])\n"
             "start = int(open('/proc/%d/stat' % kept.pid).read().rsplit(')', 1)[1].split()[19])\n"
-            "r = {'cgroup': '/treereap-1-00000000', 'kept_cgroup': '/treereap-1-00000000.kept',\n"
+            "r = {'cgroup': '/treereap-1-00000000', 'kept_cgroup': '/treereap-1-00000000.kept-00000000',\n"
             "     'preserved': [{'pid': kept.pid, 'start_time': start, 'name': 'sleep'}]}\n"
             "import time; time.sleep(0.2)\n"
             "done, line = s.end_kept(r, 5)\n"

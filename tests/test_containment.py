@@ -86,7 +86,7 @@ def test_a_service_kept_in_a_cgroup_outlives_the_run_and_the_owner_ends_it_all(p
         assert receipt["cleanup_confirmed"] is True
         assert [p["pid"] for p in receipt["preserved"]] == [service]
         kept = receipt["kept_cgroup"]
-        assert kept and kept.endswith(".kept") and os.path.isdir(cgroup_dir(kept))
+        assert kept and ".kept-" in kept and os.path.isdir(cgroup_dir(kept))
         assert sorted(cgroup_procs(kept)) == sorted([service, child])
         assert not os.path.exists(cgroup_dir(receipt["cgroup"]))
         os.kill(service, signal.SIGKILL)  # the child loses its parent: only the cgroup holds it
@@ -164,8 +164,8 @@ def test_what_a_nested_supervisor_holds_stays_in_its_cgroup_when_the_outer_keeps
     supervisor, a background job of it, still runs its command as nobody (so
     the inner trusts `populated 0` alone). The inner's command stays in the
     inner's cgroup, not moved with the rest to the outer's kept one: the
-    inner's deadline ends it, and the inner's receipt is true. --end-kept
-    then ends the rest, the run's cgroup left behind included."""
+    inner's deadline ends it, and the inner's receipt is true. The run's
+    cgroup is the kept one, whole; --end-kept then ends it."""
     work, ctl = open_dir["work"], open_dir["ctl"]
     inner = supervisor_cmd("--timeout", 2, "-k", 1, "--user", "nobody", "--workdir", work,
                            "--receipt", ctl + "/inner.json", "--", "sh", "-c",
@@ -179,7 +179,7 @@ def test_what_a_nested_supervisor_holds_stays_in_its_cgroup_when_the_outer_keeps
     sleeper = int(open(work + "/pid").read())
     try:
         assert result.returncode == 0, result.stderr
-        assert outer["kept_cgroup"] is not None
+        assert outer["kept_cgroup"] == outer["cgroup"]
         assert wait_until(lambda: os.path.exists(ctl + "/inner.json"), timeout=30)
         inner_receipt = read_receipt(ctl + "/inner.json")
         assert inner_receipt["timed_out"] is True
@@ -294,7 +294,7 @@ def test_a_forged_kept_cgroup_is_left_alone(paths, tmp_path):
     """--end-kept kills a kept cgroup only if it is one this supervisor makes
     (named after the run's cgroup) and it holds the kept processes the
     receipt names: a receipt pointing at another's cgroup ends nothing."""
-    other = os.path.join(CGROUP_ROOT, "treereap-1-00000000.kept")
+    other = os.path.join(CGROUP_ROOT, "treereap-1-00000000.kept-00000000")
     os.mkdir(other)
     victim = subprocess.Popen(["sleep", "300"])
     named = subprocess.Popen(["sleep", "300"])  # alive, and not in that cgroup
@@ -304,10 +304,14 @@ def test_a_forged_kept_cgroup_is_left_alone(paths, tmp_path):
         with open("/proc/%d/stat" % named.pid) as f:
             start = int(f.read().rsplit(")", 1)[1].split()[19])
         forged = tmp_path / "forged.json"
-        for run_cgroup in ("/treereap-1-00000000", "/treereap-2-00000000"):
+        # Named after another run, holding none of what it names, or naming
+        # nothing kept: each left alone.
+        for run_cgroup, kept in (("/treereap-1-00000000", [{"pid": named.pid, "start_time": start}]),
+                                 ("/treereap-2-00000000", [{"pid": named.pid, "start_time": start}]),
+                                 ("/treereap-1-00000000", [])):
             forged.write_text(json.dumps({
-                "preserved": [{"pid": named.pid, "start_time": start}],
-                "cgroup": run_cgroup, "kept_cgroup": "/" + os.path.basename(other)}))
+                "preserved": kept, "cgroup": run_cgroup,
+                "kept_cgroup": "/" + os.path.basename(other)}))
             result = run_supervisor("--end-kept", forged, "-k", "1")
             assert result.returncode == 125, result.stderr
             assert "left alone" in result.stderr
@@ -317,3 +321,88 @@ def test_a_forged_kept_cgroup_is_left_alone(paths, tmp_path):
             proc.kill()
             proc.wait()
         os.rmdir(other)
+
+
+def in_the_runs_cgroup(script):
+    """script, as a command that knows its cgroup's directory ($cg)."""
+    return ["sh", "-c", "cg=%s$(sed -n 's/^0:://p' /proc/self/cgroup); %s" % (CGROUP_ROOT, script)]
+
+
+@needs_cgroup
+def test_with_everything_kept_what_a_child_cgroup_holds_is_kept_listed_and_ended(paths):
+    """A root command puts a process in a cgroup of its own below the run's,
+    then exits 0 (everything kept): it is kept, listed, and --end-kept ends it
+    (it was in no kept cgroup, listed nowhere, and said "all gone")."""
+    script = ("mkdir $cg/child; setsid sleep 300 >/dev/null 2>&1 & echo $! > pid; "
+              "echo $! > $cg/child/cgroup.procs; exit 0")
+    result = run_supervisor(*paths.options() + ["--preserve-descendants-on-success"] + CGROUP + [
+        "--"] + in_the_runs_cgroup(script))
+    sleeper = int((paths.work / "pid").read_text())
+    receipt = read_receipt(paths.receipt)
+    try:
+        assert result.returncode == 0, result.stderr
+        assert receipt["kept_cgroup"] == receipt["cgroup"] and alive(sleeper)
+        assert sleeper in [p["pid"] for p in receipt["preserved"]], receipt["preserved"]
+        ended = run_supervisor("--end-kept", paths.receipt, "-k", "5")
+        assert ended.returncode == 0 and "all kept processes are gone" in ended.stderr, ended.stderr
+        assert not alive(sleeper) and not os.path.exists(cgroup_dir(receipt["cgroup"]))
+    finally:
+        kill_all([sleeper])
+
+
+@needs_cgroup
+def test_the_supervisor_written_into_the_runs_cgroup_moves_back_out(paths):
+    """A root command writes its supervisor's pid into the run's cgroup.procs:
+    the stop would freeze the supervisor with the run (no receipt, 12 s past a
+    7 s bound), cgroup.kill kill it. It moves back to its own cgroup first."""
+    script = "echo $PPID > $cg/cgroup.procs; echo started; exec sleep 30"
+    result = run_supervisor(*paths.options(timeout=0.5, cleanup=1) + CGROUP + [
+        "--"] + in_the_runs_cgroup(script), timeout=30)
+    assert result.returncode == 124, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["cleanup_confirmed"] is True and receipt["duration_s"] < 4.5
+
+
+@needs_cgroup
+def test_a_kept_cgroup_made_in_advance_changes_nothing(paths):
+    """The kept cgroup's name is the run's and random bytes: one a root
+    command made in advance under the run's name and .kept cannot make the
+    keep fail (it did: FileExistsError, 125, the kept services killed)."""
+    script = ("mkdir $cg.kept; echo $cg.kept > planted; "
+              "setsid -f sh -c 'echo $$ > service; exec sleep 300' >/dev/null 2>&1; "
+              "while [ ! -s service ]; do sleep 0.01; done; echo started; exec sleep 30")
+    proc = start_supervisor(*paths.options(cleanup=1, stop=True) + KEEP + CGROUP + [
+        "--"] + in_the_runs_cgroup(script))
+    read_lines_until(proc.stdout, "started")
+    paths.stop.write_text("")
+    status, _, err = finish(proc)
+    service = int((paths.work / "service").read_text())
+    planted = (paths.work / "planted").read_text().strip()
+    receipt = {}
+    try:
+        assert status == 124, err
+        receipt = read_receipt(paths.receipt)
+        assert receipt["cleanup_confirmed"] is True and alive(service)
+        assert [p["pid"] for p in receipt["preserved"]] == [service]
+        assert ".kept-" in receipt["kept_cgroup"]
+    finally:
+        kill_all([service])
+        kept = receipt.get("kept_cgroup")
+        for directory in ([cgroup_dir(kept)] if kept else []) + [planted]:
+            if os.path.isdir(directory):
+                assert wait_until(lambda: not open(directory + "/cgroup.procs").read().split())
+                os.rmdir(directory)
+
+
+@needs_cgroup
+def test_a_threaded_cgroup_below_the_runs_changes_nothing(paths):
+    """A root command makes a threaded cgroup below the run's: reading its
+    cgroup.procs fails (EOPNOTSUPP), and every stop ended "supervisor
+    failed". Its processes are the run's cgroup's: the stop is as ever."""
+    script = "mkdir $cg/t && echo threaded > $cg/t/cgroup.type; echo started; exec sleep 30"
+    result = run_supervisor(*paths.options(timeout=0.5, cleanup=1) + CGROUP + [
+        "--"] + in_the_runs_cgroup(script))
+    assert result.returncode == 124, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["cleanup_confirmed"] is True and receipt["error"] is None
+    assert not os.path.exists(cgroup_dir(receipt["cgroup"]))

@@ -64,7 +64,7 @@ def test_preserve_on_success_keeps_everything_after_a_clean_exit(paths, containm
         assert sorted(p["pid"] for p in receipt["preserved"]) == sorted(pids.values())
         assert [s["step"] for s in receipt["ladder"]] == []
         if kind == "cgroup":
-            assert receipt["kept_cgroup"].endswith(".kept")
+            assert receipt["kept_cgroup"] == receipt["cgroup"]  # everything kept: the run's own
     finally:
         kill_all(list(pids.values()))
 
