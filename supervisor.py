@@ -154,9 +154,8 @@ _EXIT_POLL_FIRST, _EXIT_POLL_MAX = 0.001, 0.1
 _MAX_POLL_MS = 2 ** 31 - 1
 _SELECT_FD_LIMIT = 1024
 _MAX_SELECT_SECONDS = 86400.0
-# Holding more pidfds than this at once first lifts our soft fd limit and
-# counts what it leaves, less a reserve for reading /proc and our own pipes.
-_PIN_FD_HEADROOM = 64
+# A walk that holds pidfds first lifts our soft fd limit and counts what it
+# leaves, less this reserve for reading /proc and our own pipes.
 _FD_RESERVE = 16
 # The stop signal to a cgroup's members: this many pidfds at a time.
 _MEMBER_BATCH = 32
@@ -916,19 +915,18 @@ class _Reaper(object):
 
 
 class _FdBudget(object):
-    """Descriptors for pidfds: holding more than _PIN_FD_HEADROOM at once first
-    lifts our soft RLIMIT_NOFILE to the hard one (the command started with
-    the caller's limit; close() puts ours back), and counts what it leaves,
-    less a reserve for reading /proc and our own pipes."""
+    """Descriptors for pidfds: a walk that holds them first lifts our soft
+    RLIMIT_NOFILE to the hard one (the command started with the caller's
+    limit; close() puts ours back), and counts what it leaves, less a
+    reserve for reading /proc and our own pipes (a soft limit of 64, and 60
+    processes to hold, failed the run with EMFILE)."""
 
     def __init__(self, fs):
         self.fs = fs
         self.pidfds = True          # until the kernel says otherwise
         self.saved_limit = None
 
-    def allowed(self, wanted):
-        if wanted <= _PIN_FD_HEADROOM:
-            return wanted
+    def allowed(self):
         import resource
         self.make_room()
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -1163,7 +1161,7 @@ class _Walk(object):
     def __init__(self):
         self.found, self.pins, self.seen = [], [], set()
         self.stable = self.whole = True
-        self.wait_budget = _PIN_FD_HEADROOM
+        self.wait_budget = None     # how many pins it may keep: counted at the first
 
 
 class _Walker(object):
@@ -1310,8 +1308,8 @@ class _Walker(object):
         self.reaper.held.discard(proc.pid)
         if kill and not self.in_group(proc):
             pin.send(signal.SIGKILL)
-        if len(walk.pins) == _PIN_FD_HEADROOM:
-            walk.wait_budget = self.budget.allowed(len(walk.pins) + 1)
+        if walk.wait_budget is None:
+            walk.wait_budget = self.budget.allowed()
         if len(walk.pins) < walk.wait_budget:
             walk.pins.append(pin)
             return
