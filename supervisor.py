@@ -1739,12 +1739,12 @@ def _find_cgroup_home(fs):
     ours = fs.cgroup_of(os.getpid())
     if not ours:
         raise _NoCgroup("this process is in no cgroup v2 hierarchy (cgroup v1 only)")
-    for root, mount_point, read_only in _cgroup2_mounts(fs):
-        if ours != root and not ours.startswith(root.rstrip("/") + "/"):
-            continue
+    mounts = [(mount_point, read_only, "/" + ours[len(root):].strip("/") if root != "/" else ours)
+              for root, mount_point, read_only in _cgroup2_mounts(fs)
+              if ours == root or ours.startswith(root.rstrip("/") + "/")]
+    for mount_point, read_only, path in sorted(mounts, key=lambda m: m[1]):  # writable first
         if read_only:
             raise _NoCgroup("the cgroup v2 hierarchy at %s is mounted read-only" % mount_point)
-        path = "/" + ours[len(root):].strip("/") if root != "/" else ours
         return _open_home(fs, mount_point, path, judge=True)
     raise _NoCgroup("no cgroup v2 hierarchy is mounted (grep cgroup2 /proc/self/mountinfo)")
 

@@ -254,6 +254,21 @@ def test_where_no_cgroup_can_be_made_auto_falls_back_and_cgroup_refuses(paths):
 
 
 @needs_cgroup
+def test_a_writable_cgroup_mount_listed_after_a_read_only_one_is_taken(paths, tmp_path):
+    """The same hierarchy mounted twice, the read-only mount listed first (as a
+    container may have it): auto took the walk; the writable one is taken."""
+    writable = tmp_path / "cgroup2"
+    writable.mkdir()
+    inner = " ".join(supervisor_cmd(*paths.options() + ["--", "true"]))
+    script = ("mount -o bind,remount,ro %s && mount -t cgroup2 none %s && exec %s"
+              % (CGROUP_ROOT, writable, inner))
+    result = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script])
+    assert result.returncode == 0, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["containment"] == "cgroup", receipt["cgroup_unavailable"]
+
+
+@needs_cgroup
 def test_auto_leaves_a_systemd_units_cgroup_alone_unless_it_is_delegated(paths):
     """On a systemd host (/run/systemd/system, here a tmpfs of a private
     mount namespace), a cgroup named for a unit (.service, .scope, .slice)
