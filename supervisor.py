@@ -3084,8 +3084,8 @@ def _stop_and_wait(run, endtime):
     try:
         if not _wait_for(run, waiter, endtime, interruptible=True):
             run.killed = True
-            _say(run, "the grace ran out (%gs)%s: SIGKILL" % (
-                run.plan.cleanup_timeout, " (hurried)" if run.hurry else ""))
+            _say(run, "a second stop signal cut the grace short: SIGKILL" if run.hurry
+                 else "the grace ran out (%gs): SIGKILL" % run.plan.cleanup_timeout)
     finally:
         waiter.close()
 
@@ -3256,8 +3256,11 @@ def _fail(run, error):
     cgroup, all of the run); the drain that follows is best effort, and the
     receipt says so: not confirmed, whatever the drain saw."""
     run.failed = True
-    run.error = ("supervisor failed: %s" % error if isinstance(error, SupervisorError)
-                 else "supervisor failed: %s: %s" % (type(error).__name__, error))
+    if isinstance(error, OSError):  # what ran out, as anywhere else (ulimit -n...)
+        error = "%s%s" % (error.filename + ": " if error.filename else "", _os_error_text(error))
+    elif not isinstance(error, SupervisorError):
+        error = "%s: %s" % (type(error).__name__, error)
+    run.error = "supervisor failed: %s" % error
     _abandon(run)
 
 
@@ -3748,6 +3751,9 @@ def _checked(kind, value, name):
         return value
     if not isinstance(value, str) or not value:
         raise UsageError("%s: give a non-empty string, not %r" % (name, value))
+    if kind == "path" and value == "-":
+        raise UsageError("%s: '-' is no path here (nothing goes to stdin or stdout): name a "
+                         "file" % name)
     return value
 
 
@@ -4242,6 +4248,9 @@ def _parse_args(argv):
         if row is None:
             raise UsageError("unknown option %s (see --help)" % arg)
         flags, keyword, kind, default, _, _ = row
+        if keyword in values and kind is not POLICIES:
+            raise UsageError("%s: given twice%s; give it once" % (
+                name, " (%s are one option)" % ", ".join(flags) if len(flags) > 1 else ""))
         if not _takes_value(row):
             if has_value:
                 raise UsageError("%s takes no value" % name)
@@ -4261,6 +4270,9 @@ def _parse_args(argv):
     for _, keyword, kind, default, _, _ in _OPTIONS:
         if keyword not in values:
             values[keyword] = default if default is None else _checked(kind, default, keyword)
+    if values["end_kept"] is not None and command:
+        raise UsageError("--end-kept ends what a receipt kept, and runs no command: drop %s"
+                         % command[0])
     if values["end_kept"] is None:
         if values["timeout"] is None:
             raise UsageError("--timeout is required (seconds, e.g. --timeout 600)")

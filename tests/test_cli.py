@@ -85,6 +85,18 @@ def test_unknown_option_is_refused(sandbox):
     refused(sandbox, ["--bogus"] + good(sandbox), must_name="--bogus")
 
 
+@pytest.mark.parametrize("args, must_name", [
+    (["--receipt", "-"], "--receipt"), (["--stop-file", "-"], "--stop-file"),
+    (["--workdir", "/tmp", "--workdir", "/"], "--workdir")], ids=["receipt -", "stop-file -", "twice"])
+def test_dash_for_a_path_and_an_option_given_twice_are_refused(sandbox, args, must_name):
+    refused(sandbox, args + good(sandbox, **{"--workdir": None, "--receipt": None}),
+            must_name=must_name)
+
+
+def test_end_kept_with_a_command_is_refused(sandbox):
+    refused(sandbox, ["--end-kept", sandbox["top"] / "r.json", "--", "true"], must_name="--end-kept")
+
+
 @pytest.mark.parametrize("flag", ["--verbose=1", "--keep-services=yes"])
 def test_a_flag_with_a_value_is_refused(sandbox, flag):
     refused(sandbox, [flag] + good(sandbox), must_name=flag.partition("=")[0])

@@ -128,9 +128,13 @@ def test_the_stop_signal_starts_at_its_default_in_the_command(paths):
 
 def test_kill_after_is_the_cleanup_timeout(paths):
     for spelling in (["-k", "0.5"], ["-k0.5"], ["--kill-after", "0.5"], ["--kill-after=0.5"]):
-        result = run_supervisor(*paths.options() + spelling + ["--", "true"])
+        result = run_supervisor("--timeout", 30, "--workdir", paths.work, "--receipt",
+                                paths.receipt, *spelling + ["--", "true"])
         assert result.returncode == 0, result.stderr
         assert read_receipt(paths.receipt)["cleanup_timeout_s"] == 0.5
+    # One option under three names: given twice, it is refused, not the last taken.
+    result = run_supervisor(*paths.options() + ["-k", "0.5", "--", "true"])
+    assert result.returncode == 125 and "given twice" in result.stderr
 
 
 def test_preserve_status_keeps_the_commands_status(paths):

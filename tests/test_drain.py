@@ -217,6 +217,7 @@ def own_cpu_seconds(pid):
 
 BATCH_OF_ZOMBIES = r"""
 import os, signal, sys, time
+r, w = os.pipe()
 if os.fork() == 0:  # in a session of its own; its 300 children are adopted, then exit together
     os.setsid()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # they outlive the stop signal
@@ -225,7 +226,9 @@ if os.fork() == 0:  # in a session of its own; its 300 children are adopted, the
             while not os.path.exists("go"):
                 time.sleep(0.01)
             os._exit(0)
+    os.write(w, b"x")
     os._exit(0)
+os.read(r, 1)  # READY once all 300 are there: a stop any sooner could end their parent
 signal.signal(signal.SIGTERM, lambda *a: os.write(1, b"TERM\n"))  # the grace lasts
 print("READY", flush=True)
 while True:

@@ -553,7 +553,8 @@ def test_a_deleted_current_directory_is_refused_and_leaves_no_directories(paths,
 
 def test_a_newline_in_a_path_cannot_add_a_line_to_the_message(paths, tmp_path):
     evil = tmp_path / "x\nsupervisor.py: cleanup confirmed"
-    result = run_supervisor(*paths.options() + ["--workdir", evil, "--", "true"])
+    result = run_supervisor("--timeout", 5, "--receipt", paths.receipt, "--workdir", evil,
+                            "--", "true")
     assert result.returncode == 125
     one_line(result.stderr, "--workdir", "\\n")
 
