@@ -245,7 +245,8 @@ def __getattr__(name):
         receipt_type = TypedDict("CleanupReceipt", dict(
             cleanup_confirmed=b, error=n, return_code=Optional[i], timed_out=b,
             schema_version=i, supervisor_version=s, python_version=s, command=list,
-            workdir=s, pid=Optional[i], supervisor_pid=i, started_at=s, ended_at=s,
+            workdir=s, pid=Optional[i], supervisor_pid=i, namespaces=dict, started_at=s,
+            ended_at=s,
             duration_s=f, timeout_s=f, cleanup_timeout_s=f, stop_reason=s, signal=n,
             exit_status=i, policy=s, stop_signal=n, cleanup_s=f, ladder=list,
             containment=s, cgroup=n, kept_cgroup=n, cgroup_unavailable=n,
@@ -3379,6 +3380,7 @@ def _build_receipt(run, ended_wall, ended):
         "workdir": _text(run.plan.workdir),
         "pid": run.pid,
         "supervisor_pid": os.getpid(),
+        "namespaces": _namespaces(run.fs),
         "started_at": _iso_utc(run.started_wall),
         "ended_at": _iso_utc(ended_wall),
         "duration_s": round(ended - run.started, 6),
@@ -3411,6 +3413,19 @@ def _build_receipt(run, ended_wall, ended):
         "usage": _usage(run),
         "error": _text(run.error) if run.error is not None else None,
     }
+
+
+def _namespaces(fs):
+    """The PID and cgroup namespaces the receipt's pids and cgroup paths
+    belong to ({"pid": "pid:[4026531836]", "cgroup": ...}): a pid, or a
+    path, means another process, or none, in another namespace."""
+    found = {}
+    for kind in ("pid", "cgroup"):
+        try:
+            found[kind] = os.readlink("self/ns/" + kind, dir_fd=fs.fd)
+        except (OSError, TypeError):  # TypeError: /proc was never opened (no run)
+            found[kind] = None
+    return found
 
 
 def _entry(proc, **fields):
@@ -4027,6 +4042,11 @@ def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
     fs = _ProcFS()
     roots = {}
     try:
+        here = _namespaces(fs)
+        if receipt.get("namespaces") != here or None in here.values():
+            raise UsageError("--end-kept: the receipt's pids and cgroups are another namespace's "
+                             "(%s, here %s); run --end-kept where the run ran" % (
+                                 receipt.get("namespaces"), here))
         roots, exited, left_alone = _kept_roots(fs, receipt.get("preserved") or [])
         done, ended, note = True, 0, None
         if receipt.get("kept_cgroup"):

@@ -124,11 +124,12 @@ def test_end_kept_ends_a_kept_process_whose_cgroup_is_gone_and_reaps_nothing_of_
     is ended by the walk, never taken as gone with the cgroup. And end_kept()
     from Python reaps none of the caller's own children (here one that
     exited 3 before: the caller still waits for it)."""
-    code = ("import subprocess, supervisor as s\n"
+    code = ("import os, subprocess, supervisor as s\n"
             "first = subprocess.Popen(['sh', '-c', 'exit 3'])\n"
             "kept = subprocess.Popen(['sleep', '300'])\n"
             "start = int(open('/proc/%d/stat' % kept.pid).read().rsplit(')', 1)[1].split()[19])\n"
             "r = {'cgroup': '/treereap-1-00000000', 'kept_cgroup': '/treereap-1-00000000.kept-00000000',\n"
+            "     'namespaces': dict((k, os.readlink('/proc/self/ns/' + k)) for k in ('pid', 'cgroup')),\n"
             "     'preserved': [{'pid': kept.pid, 'start_time': start, 'name': 'sleep'}]}\n"
             "import time; time.sleep(0.2)\n"
             "done, line = s.end_kept(r, 5)\n"
@@ -181,8 +182,9 @@ def test_the_receipt_type_names_every_key_a_receipt_has(paths):
 
 
 def test_end_kept_api_and_a_receipt_that_kept_nothing():
-    code = ("import supervisor as s\n"
-            "print(s.end_kept({'preserved': [], 'kept_cgroup': None}))\n")
+    code = ("import os, supervisor as s\n"
+            "ns = dict((k, os.readlink('/proc/self/ns/' + k)) for k in ('pid', 'cgroup'))\n"
+            "print(s.end_kept({'preserved': [], 'kept_cgroup': None, 'namespaces': ns}))\n")
     assert run_python(code).stdout.strip() == "(True, 'all kept processes are gone: ended 0 " \
         "process(es)')"
 
@@ -194,3 +196,26 @@ def test_end_kept_refuses_what_is_not_a_receipt(tmp_path):
         result = run_supervisor("--end-kept", path)
         assert result.returncode == 125 and result.stderr.count("\n") == 1
         assert "--end-kept" in result.stderr
+
+
+def test_end_kept_refuses_a_receipt_of_other_namespaces(paths, tmp_path):
+    """A receipt's pids and cgroup paths are those of the namespaces it names:
+    read elsewhere (the owner on the host, the run in a container), the kept
+    cgroup is not found ("removed already") and a pid is someone else's
+    ("left alone"): exit 0, "all gone". Refused instead, in one line; and a
+    receipt that names no namespaces is refused too."""
+    result = run_supervisor(*paths.options() + ["--preserve-descendants-on-success", "--",
+                                                "sh", "-c", "setsid -f sleep 300 >/dev/null 2>&1; exit 0"])
+    receipt = read_receipt(paths.receipt)
+    kept = [p["pid"] for p in receipt["preserved"]]
+    try:
+        assert result.returncode == 0 and len(kept) == 1, result.stderr
+        for namespaces in (dict(receipt["namespaces"], pid="pid:[1]"), None):
+            receipt["namespaces"] = namespaces
+            other = tmp_path / "other.json"
+            other.write_text(json.dumps(receipt))
+            ended = run_supervisor("--end-kept", other, "-k", "1")
+            assert ended.returncode == 125 and ended.stderr.count("\n") == 1, ended.stderr
+            assert "another namespace" in ended.stderr and alive(kept[0])
+    finally:
+        kill_all(kept)

@@ -325,7 +325,8 @@ def test_a_forged_kept_cgroup_is_left_alone(paths, tmp_path):
                                  ("/treereap-2-00000000", [{"pid": named.pid, "start_time": start}]),
                                  ("/treereap-1-00000000", [])):
             forged.write_text(json.dumps({
-                "preserved": kept, "cgroup": run_cgroup,
+                "preserved": kept, "cgroup": run_cgroup, "namespaces": dict(
+                    (k, os.readlink("/proc/self/ns/" + k)) for k in ("pid", "cgroup")),
                 "kept_cgroup": "/" + os.path.basename(other)}))
             result = run_supervisor("--end-kept", forged, "-k", "1")
             assert result.returncode == 125, result.stderr

@@ -20,6 +20,7 @@ from conftest import (
 RECEIPT_TYPES = {
     "schema_version": int, "supervisor_version": str, "python_version": str,
     "command": list, "workdir": str, "pid": (int, type(None)), "supervisor_pid": int,
+    "namespaces": dict,
     "started_at": str, "ended_at": str, "duration_s": float, "timeout_s": float,
     "cleanup_timeout_s": float, "policy": str, "stop_signal": (str, type(None)),
     "stop_reason": str, "signal": (str, type(None)),
