@@ -387,6 +387,30 @@ def test_a_thousand_huge_argvs_cannot_swell_the_receipt(paths):
                for d in receipt["drained"])
 
 
+@heavy
+def test_two_hundred_kept_services_are_all_listed_and_ended(paths, containment):
+    """200 kept services whose argvs are many short words: the fitting loop
+    that cut receipts to 1 MiB dropped `preserved` entries from a 5 KiB
+    receipt (it miscounted their size), and --end-kept then said all gone
+    while all 200 ran. Every kept root is listed, and all are ended."""
+    kind, options = containment
+    words = " ".join(["w"] * 2000)
+    script = ("for i in $(seq 200); do setsid -f sh -c 'sleep 300; :' sh %s >/dev/null 2>&1; "
+              "done; exit 0" % words)
+    result = run_supervisor(*paths.options(cleanup=5) + options + [
+        "--preserve-descendants-on-success", "--", "sh", "-c", script])
+    receipt = read_receipt(paths.receipt)
+    kept = [p["pid"] for p in receipt["preserved"]]
+    try:
+        assert result.returncode == 0, result.stderr
+        assert receipt["containment"] == kind and len(kept) == 200, len(kept)
+        ended = run_supervisor("--end-kept", paths.receipt, "-k", "10")
+        assert ended.returncode == 0 and "all kept processes are gone" in ended.stderr, ended.stderr
+        assert not any(alive(pid) for pid in kept)
+    finally:
+        kill_all([pid for pid in kept if alive(pid)])
+
+
 # --- An untrusted command cannot suspend the deadline -----------------------------------------------
 
 @needs_root
