@@ -2845,10 +2845,11 @@ def _start_command(run):
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, own_mask)
         os.close(write_end)
-    try:
-        os.setpgid(pid, pid)  # also in the parent, so the group exists either way
-    except OSError:
-        pass  # EACCES: the child has already done it and exec'd
+    if run.plan.user is None:  # (under --user the child makes a session: see _exec_command)
+        try:
+            os.setpgid(pid, pid)  # also in the parent, so the group exists either way
+        except OSError:
+            pass  # EACCES: the child has already done it and exec'd
     run.pid = run.reaper.command = pid
     run.containment.started(pid)
     run.report = _ExecReport(read_end)
@@ -2869,7 +2870,14 @@ def _own_rss_kib(fs):
 def _exec_command(run, report_fd):
     step = "setpgid"
     try:
-        os.setpgid(0, 0)
+        # Under --user, a session of its own, and so an autogroup and no
+        # controlling terminal: in the caller's session an untrusted command
+        # could renice the session's autogroup for good (19, after the run),
+        # or push input into the caller's terminal (TIOCSTI).
+        if run.plan.user is not None:
+            os.setsid()
+        else:
+            os.setpgid(0, 0)
         step = "cgroup"
         run.containment.join(0)
         if run.terminal is not None:
@@ -3001,7 +3009,7 @@ def _drive(run):
     if _stopped_before_start(run):
         _enter(run, "done")
         return
-    run.terminal = _caller_terminal()
+    run.terminal = _caller_terminal() if run.plan.user is None else None
     try:
         _start_command(run)
         _enter(run, "running")

@@ -722,6 +722,22 @@ time.sleep(60)
 """
 
 
+@needs_root
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="needs autogroups")
+def test_a_user_command_cannot_renice_the_callers_session(open_dir):
+    """An untrusted command in the caller's session could set the session's
+    autogroup to nice 19, for good (it stays after the run). Under --user it
+    runs in a session of its own: its autogroup is its own."""
+    argv = [NOBODY_PY, SUPERVISOR, "--timeout", "10", "--user", "nobody", "--workdir",
+            open_dir["work"], "--receipt", open_dir["receipt"], "--", "sh", "-c",
+            "echo 19 > /proc/self/autogroup"]
+    script = "%s; echo status=$?; cat /proc/self/autogroup" % " ".join(
+        shlex.quote(str(a)) for a in argv)
+    result = run(["setsid", "-w", "sh", "-c", script], cwd=open_dir["work"])
+    assert "status=0" in result.stdout, result.stdout + result.stderr
+    assert result.stdout.split()[-1] == "0", result.stdout  # the caller's session: nice 0
+
+
 @pytest.mark.parametrize("kind", ["proc", "cgroup"])
 def test_a_process_of_the_run_hiding_in_the_callers_job_group_is_never_confirmed(paths, kind):
     """By the /proc walk it cannot be told from the caller's (unattributed,
