@@ -3179,13 +3179,16 @@ def _reap_command(run):
 
 
 def _foreign_processes(run, endtime):
-    """--user: processes of that uid that started after the run began and
-    are not of its tree (one scan of /proc, by the owner of each entry).
-    Another sandbox of the same uid, or a process the command took over
-    (ptrace), cannot be told from the run's: they keep it from being
-    confirmed. Give each sandbox a uid of its own."""
+    """--user: live processes of that uid outside the run's tree (one scan of
+    /proc, by the owner of each entry). Another sandbox of the same uid, or a
+    process the command took over, cannot be told from the run's: they keep
+    it from being confirmed. Where ptrace is open (no Yama, or its
+    ptrace_scope 0), the command could make any of them exec its payload in
+    place, same pid and start time: every one counts. Where it is not, only
+    those started since the run began. Give each sandbox a uid of its own."""
     uid, me = run.plan.user.uid, os.getpid()
-    started = _boot_ticks(run.fs, run.started_wall)
+    scope = (run.fs.read("sys/kernel/yama/ptrace_scope") or b"0").strip()
+    started = _boot_ticks(run.fs, run.started_wall) if scope != b"0" else 0
     found, ours = [], set()
     for name in run.fs.listing(".") or ():
         if _now() >= endtime:
@@ -4462,7 +4465,7 @@ def _unconfirmed_message(receipt):
     if unattributed and not survivors:
         foreign = [p for p in unattributed if p["why"].startswith("uid")]
         if foreign:
-            return ("cleanup not confirmed: %d process(es) of the run's uid started outside the "
+            return ("cleanup not confirmed: %d process(es) of the run's uid outside the "
                     "run (%s) cannot be told from the run's; give each sandbox a uid of its own"
                     % (len(foreign), ", ".join(str(p["pid"]) for p in foreign[:10])))
         return ("cleanup not confirmed: %d process(es) adopted in the process groups of the "

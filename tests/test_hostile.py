@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import (
-    HAS_CGROUP, HELPERS, IS_ROOT, PY, ROOT, alive, descendants, finish, heavy, kill_all, kill_pinned,
+    HAS_CGROUP, HELPERS, IS_ROOT, PY, ROOT, alive, proc_stat, descendants, finish, heavy, kill_all, kill_pinned,
     read_lines_until, read_receipt, run, run_supervisor, running, spawn, start_supervisor,
     supervisor_below, supervisor_cmd, wait_until,
 )
@@ -195,6 +195,37 @@ def test_a_process_of_the_runs_uid_outside_the_run_keeps_it_from_being_confirmed
         assert [(p["pid"], p["why"]) for p in receipt["unattributed"]] == [
             (outsider.pid, "uid %d, outside the run" % NOBODY)]
         assert "a uid of its own" in err
+    finally:
+        outsider.kill()
+        outsider.wait()
+
+
+def ptrace_is_open():
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return f.read().strip() == "0"
+    except FileNotFoundError:
+        return True  # no Yama: a process may trace another of its uid
+
+
+@needs_root
+@pytest.mark.skipif(not ptrace_is_open(), reason="needs ptrace open (no Yama, or ptrace_scope 0)")
+def test_where_ptrace_is_open_any_process_of_the_runs_uid_keeps_it_from_being_confirmed(
+        open_dir):
+    """A process of nobody started before the run: the command could make it
+    exec its payload in place (ptrace), same pid, same start time, and a look
+    at what started during the run would miss it. Where ptrace is open, every
+    live process of the uid outside the run counts: listed, not confirmed."""
+    outsider = spawn(AS_NOBODY + ["sleep", "300"], stdout=None, stderr=None)
+    try:
+        assert wait_until(lambda: proc_stat(outsider.pid) and open(
+            "/proc/%d/cmdline" % outsider.pid, "rb").read().startswith(b"sleep"))
+        result = run_supervisor("--timeout", 60, "--workdir", open_dir["work"], "--receipt",
+                                open_dir["receipt"], "--user", "nobody", "--", "true",
+                                cwd=open_dir["work"])
+        receipt = read_receipt(open_dir["receipt"])
+        assert result.returncode == 125 and receipt["cleanup_confirmed"] is False
+        assert outsider.pid in [p["pid"] for p in receipt["unattributed"]]
     finally:
         outsider.kill()
         outsider.wait()
