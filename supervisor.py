@@ -141,6 +141,10 @@ _GROUP, _RUN = "group", "run"
 # covers what inotify cannot see (a renamed ancestor, a re-pointed symlink, a
 # mount, a network filesystem's remote changes).
 _STOP_FILE_CHECK_INTERVAL = 2.0
+# The lookout's answer to a look we ask for (see _StopFileWatch): at the
+# start, a stop file that does not answer within this is refused; at a
+# natural exit, it counts as a stop.
+_STOP_FILE_ANSWER = 5.0
 # cgroup.freeze takes effect when every task has stopped in the kernel; a
 # task in D state delays it: the look waits this long at most, then goes on.
 _FREEZE_LIMIT = 0.5
@@ -2233,91 +2237,143 @@ class _SignalCatcher(object):
 
 
 class _StopFileWatch(object):
-    """Notices the stop file. inotify watches the directory it is in, so that
-    its creation there wakes the run at once; a look by path every
-    _STOP_FILE_CHECK_INTERVAL covers the rest, and moves the watch to where
-    the path leads now: a directory renamed away and replaced (its watch
-    says so at once), an ancestor renamed, a symlink on the way re-pointed,
-    a mount over the directory, and filesystems whose remote changes
-    inotify never sees (NFS, FUSE, 9p)."""
+    """Notices the stop file, through a child of ours, the lookout: a look at
+    a path on a filesystem whose server stopped answering (NFS, FUSE), or
+    that a root command mounted such a one over, blocks in D state, where
+    SIGKILL cannot reach. The lookout may hang; the supervisor never does.
+
+    The lookout answers on a pipe, a word a line: its first look ("0"
+    nothing there, "1" something, "E why" it cannot look), then "1" as soon
+    as anything is at the path, and the answer to each question we ask on a
+    second pipe. inotify on the stop file's directory wakes it at once; a
+    look by path every _STOP_FILE_CHECK_INTERVAL covers the rest, and
+    watches the directory the path leads to now (an ancestor renamed, a
+    symlink re-pointed, a mount, a network filesystem's remote changes). It
+    is none of the run's (never signalled, kept or reaped with it) and
+    lives until close(), or until we exit: its questions then end."""
 
     def __init__(self, path):
-        self.path = path
-        self.directory = os.path.dirname(path)
-        self.fd = self.wd = self.watched = None
-        self.next_look = 0.0
+        self.path, self.seen, self.said = path, False, b""
+        ends = []
         try:
-            self.fd = _high_fd(_libc().call("inotify_init1", os.O_NONBLOCK | os.O_CLOEXEC))
-        except OSError:
-            return  # no inotify here (ENOSYS, EMFILE): the look by path alone
-        self._rewatch()
-
-    def exists(self):
-        """Is anything at the path, a dangling symlink included? Only ENOENT
-        and ENOTDIR mean no: a path we cannot look at is taken as a stop."""
-        try:
-            os.lstat(self.path)
-            return True
-        except OSError as e:
-            return e.errno not in (errno.ENOENT, errno.ENOTDIR)
-
-    def stopped(self, now):
-        """Is the stop file there? Looked at on every wake-up, and the watch
-        moved when a look by path is due."""
-        if now >= self.next_look:
-            self.next_look = now + _STOP_FILE_CHECK_INTERVAL
-            self._rewatch()
-        return self.exists()
+            ends.extend(_pipe())  # its answers
+            ends.extend(_pipe())  # our questions
+            self.pid = _acquire("fork", os.fork)
+        except BaseException:
+            for fd in ends:
+                os.close(fd)
+            raise
+        if self.pid == 0:
+            try:
+                os.dup2(ends[2], 0)
+                os.dup2(ends[1], 1)
+                os.closerange(2, os.sysconf("SC_OPEN_MAX"))  # none of the run's or the caller's
+                _lookout(path)
+            finally:
+                os._exit(0)
+        os.close(ends[1])
+        os.close(ends[2])
+        self.fd, self.ask = ends[0], ends[3]
 
     def fileno(self):
         return self.fd
 
-    def read_events(self):
-        """Read what inotify says (the directory changed, or went): our watch
-        follows the path's directory."""
-        try:
-            while os.read(self.fd, 65536):
-                pass
-        except BlockingIOError:
-            pass
-        self._rewatch()
+    def first_look(self, seconds):
+        """Is the stop file there at the start? Refused (UsageError) if it
+        cannot be looked at, or the look does not answer within `seconds`."""
+        word = self._answer(seconds)
+        if word is None:
+            raise UsageError("--stop-file: %s: no answer within %gs (a network filesystem "
+                             "that does not answer?)" % (self.path, seconds))
+        if word.startswith(b"E"):
+            raise UsageError("--stop-file: cannot look at %s: %s"
+                             % (self.path, word[2:].decode("utf-8", "replace")))
+        return self.seen
 
-    def _rewatch(self):
-        """Watch the directory the path leads to now, if it is not watched yet."""
-        if self.fd is None:
-            return
-        try:
-            st = os.stat(self.directory)
-        except OSError:
-            return  # not there (yet): the look by path goes on
-        if (st.st_dev, st.st_ino) == self.watched:
-            return
-        self.retire()
-        try:
-            self.wd = _libc().call("inotify_add_watch", self.fd, os.fsencode(self.directory),
-                                   _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF | _IN_MOVE_SELF
-                                   | _IN_ONLYDIR)
-            self.watched = (st.st_dev, st.st_ino)
-        except OSError:
-            pass  # ENOSPC (the watch limit), EACCES: the look by path alone
+    def stopped(self):
+        """Has the lookout seen anything at the path (or gone away: then
+        nothing looks any more, and that is taken as a stop)?"""
+        if not self.seen and _readable(self.fd):
+            self._answer(0)
+        return self.seen
 
-    def retire(self):
-        """Remove the watch. Closing an inotify fd whose watches were removed
-        less than a millisecond before waits for the kernel to reap them
-        (~14 ms measured): removed as the run stops looking, they are reaped
-        in the background and the close is instant."""
-        if self.wd is not None:
+    def last_look(self, seconds):
+        """One more look, asked for: a stop file that came with the exit. No
+        answer within `seconds` counts as a stop, as a look that fails does."""
+        if not self.seen:
             try:
-                _libc().call("inotify_rm_watch", self.fd, self.wd)
+                os.write(self.ask, b"?")
             except OSError:
-                pass  # EINVAL: the kernel dropped it already (directory deleted)
-        self.wd = self.watched = None
+                pass  # EPIPE: the lookout is gone, as its answers say
+            if self._answer(seconds) is None:
+                self.seen = True
+        return self.seen
+
+    def _answer(self, seconds):
+        """The lookout's next word, within `seconds` (None: no word)."""
+        endtime = _now() + seconds
+        while b"\n" not in self.said:
+            if not _wait_ready([self.fd], (), endtime - _now()):
+                return None
+            self.said += os.read(self.fd, 512) or b"E the lookout is gone\n"
+        word, self.said = self.said.split(b"\n", 1)
+        self.seen = self.seen or word != b"0"
+        return word
 
     def close(self):
-        if self.fd is not None:
-            self.retire()
-            os.close(self.fd)
-            self.fd = None
+        """End the lookout (its questions end) and reap it, within
+        _FINISH_LIMIT: one stuck in a look is left to exit when it can."""
+        if self.ask is None:
+            return
+        os.close(self.ask)
+        self.ask, endtime = None, _now() + _FINISH_LIMIT
+        while _wait_ready([self.fd], (), endtime - _now()):
+            if not os.read(self.fd, 512):
+                os.waitpid(self.pid, 0)
+                break
+        os.close(self.fd)
+
+
+def _lookout(path):
+    """The lookout's life (see _StopFileWatch): questions on fd 0, answers
+    on fd 1, in a process group of its own (a terminal's signals are not
+    for it)."""
+    os.setpgid(0, 0)
+    try:
+        watch = _libc().call("inotify_init1", os.O_CLOEXEC)
+    except OSError:
+        watch = None  # no inotify here (ENOSYS, EMFILE): the look by path alone
+    first = asked = True
+    while True:
+        try:  # the directory the path leads to now; one watched already keeps its one watch
+            if watch is not None:
+                _libc().call("inotify_add_watch", watch, os.fsencode(os.path.dirname(path)),
+                             _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF | _IN_MOVE_SELF
+                             | _IN_ONLYDIR)
+        except OSError:
+            pass  # not there (yet), the watch limit (ENOSPC), EACCES: the look by path alone
+        try:
+            os.lstat(path)
+            word = b"1"
+        except OSError as e:
+            word = b"0" if e.errno in (errno.ENOENT, errno.ENOTDIR) else b"1"
+            if first and word == b"1":
+                word = ("E %s" % e.strerror).encode()  # refused; later, a stop
+        if asked or word != b"0":
+            os.write(1, word + b"\n")
+        if word != b"0" or (asked and not first):
+            break  # looked for the last time
+        first = False
+        ready = _wait_ready([0] + [watch] * (watch is not None), (), _STOP_FILE_CHECK_INTERVAL)
+        if watch in ready:
+            os.read(watch, 65536)
+        asked = 0 in ready and os.read(0, 1) == b"?"
+        if 0 in ready and not asked:
+            return  # our questions ended: the supervisor is done, or gone
+    if watch is not None:
+        os.close(watch)  # now, not as the supervisor waits for us to exit (up to 15 ms)
+    while os.read(0, 1):
+        pass
 
 
 # --- Running the command as another user ------------------------------------------------
@@ -2537,9 +2593,7 @@ def _wait(run, endtime, fds=(), priority_fds=()):
     wanted = [fd for fd in (run.catcher.fd, watch_fd, report_fd) if fd is not None]
     if run.reaper.pending:
         endtime = min(endtime, run.reaper.next_list_reap)
-    ready = _wait_ready(wanted + list(fds), priority_fds, endtime - _now())
-    if watch_fd is not None and watch_fd in ready:
-        run.watch.read_events()
+    _wait_ready(wanted + list(fds), priority_fds, endtime - _now())
     _act_on_signals(run)
 
 
@@ -2746,6 +2800,7 @@ def _prepare(run):
     run.callers.note(run.fs, run.reaper.children)
     if run.plan.stop_path is not None:
         run.watch = _StopFileWatch(run.plan.stop_path)
+        run.callers.children.add(run.watch.pid)  # none of the run's: never signalled, kept, reaped
 
 
 def _choose_containment(run):
@@ -2778,8 +2833,8 @@ def _stopped_before_start(run):
     """A stop signal already received, or a stop file already there: the
     command never starts."""
     _act_on_signals(run)
-    if run.stop_reason is None and run.watch is not None and run.watch.stopped(_now()):
-        run.stop_reason = "stop_file"
+    if run.watch is not None and run.watch.first_look(_STOP_FILE_ANSWER):
+        run.stop_reason = run.stop_reason or "stop_file"
     return run.stop_reason is not None
 
 
@@ -2951,12 +3006,12 @@ def _run_until_stop(run):
         now = _now()
         if run.stop_reason is None and now >= run.endtime:
             run.stop_reason = "timeout"
-        if run.stop_reason is None and run.watch is not None and run.watch.stopped(now):
+        if run.stop_reason is None and run.watch is not None and run.watch.stopped():
             run.stop_reason = "stop_file"
         if run.stop_reason is not None:
             return
         _check_job_control(run)
-        _wait(run, run.endtime if run.watch is None else min(run.endtime, run.watch.next_look))
+        _wait(run, run.endtime)
 
 
 def _note_exec_failure(run):
@@ -3050,9 +3105,9 @@ def _drive(run):
 
 
 def _leave_running(run):
-    if run.watch is not None:
-        run.watch.retire()  # now, so that closing it at exit costs nothing
     if run.stop_reason is None:
+        if run.watch is not None:
+            run.watch.last_look(_STOP_FILE_ANSWER)
         _take_back_terminal(run)
 
 
@@ -3081,7 +3136,7 @@ def _succeeded(run):
     """Exited by itself with 0, with no stop asked for (not even one that came
     with the exit), and no stop file there now."""
     return (run.exit_info is not None and _return_code(run.exit_info) == 0
-            and not run.hurry and not (run.watch is not None and run.watch.exists()))
+            and not run.hurry and not (run.watch is not None and run.watch.seen))
 
 
 def _stop_and_wait(run, endtime):
@@ -3913,29 +3968,13 @@ def _check_user(spec, workdir):
 
 
 def _check_stop_file(path, target):
-    """Only ENOENT and ENOTDIR mean nothing is at the stop path; what we
-    cannot look at is refused, and so is the receipt's own path (the
-    receipt would stop the next run)."""
-    if path is None:
-        return
-    try:
-        os.lstat(path)
-    except OSError as e:
-        if e.errno not in (errno.ENOENT, errno.ENOTDIR):
-            raise UsageError("--stop-file: cannot look at %s: %s" % (path, e.strerror))
-    if target is not None and (path == target.path or _same_entry(path, target)):
+    """The receipt's own path is no stop file (the receipt would stop the
+    next run). Whether the path can be looked at is the lookout's to say,
+    at the start (see _StopFileWatch): a look here could hang."""
+    if target is not None and path in (target.path, os.path.join(target.directory,
+                                                                 *target.missing + [target.name])):
         raise UsageError("--stop-file: %s is the receipt's path; give them different paths"
                          % path)
-
-
-def _same_entry(path, target):
-    """Is path the receipt's name in the directory the receipt's target holds?"""
-    directory, name = os.path.split(path)
-    try:
-        return (name == target.name and not target.missing
-                and os.path.samestat(os.stat(directory), os.fstat(target.dir_fd)))
-    except OSError:
-        return False
 
 
 def _remove_stale_at(path):
@@ -3972,6 +4011,8 @@ def _execute(run):
         raise
     ended_wall, ended = time.time(), _now()
     _take_back_terminal(run)
+    if run.watch is not None:
+        run.watch.close()  # the lookout, reaped
     _finish_containment(run)
     # From here on no signal is taken (a flood of queued ones cannot delay the
     # receipt); they stay pending until we exit (the CLI) or are discarded

@@ -85,7 +85,9 @@ How each row is measured
       exits at its SIGTERM): what a controller waiting for the exit waits.
   P5  idle CPU: ~30 supervisors `--timeout 600 --stop-file F -- sleep 60` and
       as many `PY -c "import time; time.sleep(60)"` run at once; after they
-      settle, schedstat is sampled at t0 and t0+10 s, scaled to a minute.
+      settle, schedstat is sampled at t0 and t0+10 s, scaled to a minute; a
+      supervisor's figure is its own plus its lookout's (the child of its
+      that looks at the stop file).
       The read/write syscall counts (/proc/PID/io) over the same window are
       reported too: a /proc scan would show up there as thousands of reads.
   P6  forced stop of N processes that obey SIGTERM (N = 10, 100, 1000): the
@@ -482,6 +484,14 @@ def schedstat_ns(pid):
     if text is None:
         raise BenchError("cannot read /proc/%d/schedstat" % pid)
     return int(text.split()[0])
+
+
+def forks_of(pid):
+    """pid's children that are forks of it, not execs: the supervisor's
+    lookout (the child that looks at the stop file), whose CPU is its."""
+    argv = read_text("/proc/%d/cmdline" % pid)
+    kids = (read_text("/proc/%d/task/%d/children" % (pid, pid)) or "").split()
+    return [int(c) for c in kids if read_text("/proc/%s/cmdline" % c) == argv]
 
 
 def io_syscalls(pid):
@@ -1101,18 +1111,25 @@ class Bench(object):
         bares = [self.spawn([self.py, "-c", "import time; time.sleep(60)"]) for _ in range(count)]
         try:
             deadline = time.monotonic() + 30
-            while not all(read_text("/proc/%d/task/%d/children" % (p, p)) for p in sups):
+            # Started: its lookout and its command, two children.
+            while not all(len((read_text("/proc/%d/task/%d/children" % (p, p)) or "").split())
+                          >= 2 for p in sups):
                 if time.monotonic() > deadline:
                     raise BenchError("%s: supervisors did not start their commands" % context)
                 time.sleep(0.05)
             time.sleep(1.0)  # settle
-            everyone = sups + bares
-            cpu0 = [schedstat_ns(p) for p in everyone]
-            io0 = [io_syscalls(p) for p in everyone]
+            # A supervisor's figures are its own plus its lookout's.
+            everyone = [[p] + forks_of(p) for p in sups] + [[p] for p in bares]
+            if any(len(team) != 2 for team in everyone[:count]):
+                raise BenchError("%s: a supervisor without its one lookout" % context)
+
+            def sample(measure):
+                values = [[measure(p) for p in team] for team in everyone]
+                return [None if None in v else sum(v) for v in values]
+            cpu0, io0 = sample(schedstat_ns), sample(io_syscalls)
             t0 = time.monotonic()
             time.sleep(self.window)
-            cpu1 = [schedstat_ns(p) for p in everyone]
-            io1 = [io_syscalls(p) for p in everyone]
+            cpu1, io1 = sample(schedstat_ns), sample(io_syscalls)
             scale = 60.0 / (time.monotonic() - t0)
         finally:
             for stop in stops:

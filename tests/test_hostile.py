@@ -334,6 +334,93 @@ def test_a_process_sharing_memory_with_one_in_d_state_cannot_stretch_the_bound(
     assert receipt["survivors_count"] >= 1, receipt["survivors"]
 
 
+HUNG_FUSE = r"""
+import os, signal, subprocess, sys
+fd = os.open("/dev/fuse", os.O_RDWR)
+subprocess.check_call(["mount", "-t", "fuse", "-o", "fd=%d,rootmode=40000,user_id=0,group_id=0"
+                       % fd, "hung", sys.argv[1]], pass_fds=[fd])
+print("mounted", flush=True)
+signal.pause()  # it never answers; its exit closes the connection (ENOTCONN for all)
+"""
+
+
+@pytest.fixture
+def hung_filesystem(tmp_path):
+    """A FUSE mount whose server never answers, as an NFS or FUSE server that
+    stopped answering: any look at a path in it blocks (uninterruptibly but
+    for SIGKILL). Ended by the test: the server's exit aborts the mount."""
+    if not IS_ROOT or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse")
+    mount = tmp_path / "hung"
+    mount.mkdir()
+    server = spawn([PY, "-c", HUNG_FUSE, str(mount)], stderr=None)
+    try:
+        read_lines_until(server.stdout, "mounted")
+        yield mount
+    finally:
+        server.kill()
+        server.wait()
+        subprocess.call(["umount", "-l", str(mount)])
+
+
+def test_a_stop_file_that_does_not_answer_at_the_start_is_refused(paths, hung_filesystem):
+    """A look at the stop file blocks in D state, where SIGKILL cannot reach:
+    the looks are a child's (the lookout), and a first look that does not
+    answer within 5 s is refused, one line, nothing run."""
+    paths.stop = hung_filesystem / "stop"
+    result = run_supervisor(*paths.options(stop=True) + ["--", "touch", paths.work / "ran"],
+                            timeout=30)
+    assert result.returncode == 125 and result.stderr.count("\n") == 1, result.stderr
+    assert "--stop-file" in result.stderr and "no answer" in result.stderr
+    assert not (paths.work / "ran").exists()
+
+
+def test_a_stop_files_directory_mounted_over_by_one_that_does_not_answer(paths, tmp_path,
+                                                                        hung_filesystem):
+    """A root command bind-mounts a filesystem that does not answer over the
+    stop file's directory: the lookout hangs, the supervisor does not. The
+    deadline stops the run within its bound, and the receipt is written (it
+    blocked in lstat: no deadline, no receipt, SIGKILL of no avail)."""
+    control = tmp_path / "control"
+    control.mkdir()
+    paths.stop = control / "stop"
+    mounted = paths.work / "mounted"
+    # The deadline comes after two looks by path (every 2 s): each one blocked.
+    script = "mount --bind %s %s && touch %s; exec sleep 30" % (hung_filesystem, control, mounted)
+    inner = " ".join(shlex.quote(str(a)) for a in supervisor_cmd(*paths.options(
+        timeout=5, cleanup=1, stop=True) + ["--", "sh", "-c", script]))
+    result = run(in_private_mounts(["sh", "-c", inner]), timeout=60)
+    assert result.returncode == 124, result.stderr
+    assert mounted.exists()
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "timeout" and receipt["cleanup_confirmed"] is True
+    assert receipt["duration_s"] < 5 + 3 * 1 + 3
+
+
+def test_a_last_look_at_the_stop_file_that_does_not_answer_counts_as_a_stop(paths, tmp_path,
+                                                                           hung_filesystem):
+    """The command (root) starts a service, mounts a filesystem that does not
+    answer over the stop file's directory and exits 0, under
+    --preserve-descendants-on-success: the last look (is there a stop file
+    that came with the exit?) gets no answer within 5 s, and that counts as
+    a stop: nothing is kept, the service is drained."""
+    control = tmp_path / "control"
+    control.mkdir()
+    paths.stop = control / "stop"
+    service = paths.work / "service.pid"
+    script = ("setsid -f sh -c 'echo $$ > %s; exec sleep 300'; while [ ! -s %s ]; do sleep 0.01; "
+              "done; mount --bind %s %s && exit 0; exit 3" % (service, service, hung_filesystem,
+                                                              control))
+    inner = " ".join(shlex.quote(str(a)) for a in supervisor_cmd(*paths.options(stop=True) + [
+        "--preserve-descendants-on-success", "--", "sh", "-c", script]))
+    result = run(in_private_mounts(["sh", "-c", inner]), timeout=60)
+    assert result.returncode == 0, result.stderr
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "exit" and receipt["preserved"] == []
+    assert receipt["cleanup_confirmed"] is True and receipt["duration_s"] >= 5
+    assert not alive(int(service.read_text()))
+
+
 PIDS_V1 = "/sys/fs/cgroup/pids"
 
 

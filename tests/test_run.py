@@ -114,7 +114,8 @@ def test_stop_file_in_a_directory_replaced_during_the_run(tmp_path, paths):
     os.rename(str(control), str(tmp_path / "old-control"))
     os.rename(str(spare), str(control))
     new_inode = os.stat(str(control)).st_ino
-    assert wait_until(lambda: new_inode in inotify_watches(proc.pid))  # watched anew
+    # Watched anew, by the supervisor's lookout (the child that looks at the stop file).
+    assert wait_until(lambda: any(new_inode in inotify_watches(p) for p in descendants(proc.pid)))
     created = time.time()
     paths.stop.write_text("")
     status, _, err = finish(proc)
