@@ -53,12 +53,9 @@ import select
 import sys
 import time
 
-try:
-    # The C module behind `signal`: the same calls, without the enum wrappers
-    # whose import costs ~3 ms on every run.
-    import _signal as signal
-except ImportError:  # every CPython 3.6 to 3.13 has it
-    import signal
+# The C module behind `signal` (every CPython 3.6 to 3.13 has it): the same
+# calls, without the enum wrappers whose import costs ~3 ms on every run.
+import _signal as signal
 
 __version__ = "3.0.0"
 __all__ = [
@@ -66,8 +63,7 @@ __all__ = [
     "EXIT_CANNOT_EXECUTE", "EXIT_FAILURE", "EXIT_KILLED", "EXIT_NOT_FOUND", "EXIT_TIMED_OUT",
     "POLICIES", "RECEIPT_SCHEMA_VERSION", "STATES", "CleanupReceipt", "ObservationError",
     "SupervisorError", "UsageError", "end_kept", "exec_timeout", "main", "parse_duration",
-    "supervise", "write_receipt",
-]
+    "supervise", "write_receipt"]
 
 # --- Constants -----------------------------------------------------------------
 
@@ -218,6 +214,7 @@ _SYS_OPENAT2 = 437
 _RESOLVE_NO_XDEV = 0x01
 _IN_MOVED_TO, _IN_CREATE, _IN_DELETE_SELF, _IN_MOVE_SELF = 0x80, 0x100, 0x400, 0x800
 _IN_ONLYDIR = 0x01000000
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 # --- Errors and the receipt type --------------------------------------------------
@@ -245,18 +242,15 @@ def __getattr__(name):
     except ImportError:
         receipt_type = dict
     else:
-        s, n, i, f, b = str, Optional[str], int, float, bool
+        s, n, i, f, b, ni, nd = str, Optional[str], int, float, bool, Optional[int], Optional[dict]
         receipt_type = TypedDict("CleanupReceipt", dict(
-            cleanup_confirmed=b, error=n, return_code=Optional[i], timed_out=b,
-            schema_version=i, supervisor_version=s, python_version=s, command=list,
-            workdir=s, pid=Optional[i], supervisor_pid=i, namespaces=dict, started_at=s,
-            ended_at=s,
-            duration_s=f, timeout_s=f, cleanup_timeout_s=f, stop_reason=s, signal=n,
-            exit_status=i, policy=s, stop_signal=n, cleanup_s=f, ladder=list,
-            containment=s, cgroup=n, kept_cgroup=n, cgroup_unavailable=n,
-            user=Optional[dict], preserved=list, survivors=list,
-            survivors_count=Optional[i], unattributed=list, drained=list,
-            drained_count=i, usage=Optional[dict]))
+            cleanup_confirmed=b, error=n, return_code=ni, timed_out=b, schema_version=i,
+            supervisor_version=s, python_version=s, command=list, workdir=s, pid=ni,
+            supervisor_pid=i, namespaces=dict, started_at=s, ended_at=s, duration_s=f,
+            timeout_s=f, cleanup_timeout_s=f, stop_reason=s, signal=n, exit_status=i, policy=s,
+            stop_signal=n, cleanup_s=f, ladder=list, containment=s, cgroup=n, kept_cgroup=n,
+            cgroup_unavailable=n, user=nd, preserved=list, survivors=list, survivors_count=ni,
+            unattributed=list, drained=list, drained_count=i, usage=nd))
     globals()[name] = receipt_type
     return receipt_type
 
@@ -320,8 +314,6 @@ def _pidfd_open(pid):
 
     Raises ProcessLookupError when pid no longer exists."""
     try:
-        if hasattr(os, "pidfd_open"):
-            return _high_fd(os.pidfd_open(pid))
         return _high_fd(_libc().call("syscall", _SYS_PIDFD_OPEN, pid, 0))
     except OSError as e:
         if e.errno in (errno.ENOSYS, errno.EPERM):  # old kernel, or seccomp
@@ -329,13 +321,6 @@ def _pidfd_open(pid):
         if e.errno == errno.ESRCH:
             raise ProcessLookupError(e.errno, "pidfd_open: no such process")
         raise
-
-
-def _pidfd_send_signal(fd, sig):
-    if hasattr(signal, "pidfd_send_signal"):
-        signal.pidfd_send_signal(fd, sig)
-    else:
-        _libc().call("syscall", _SYS_PIDFD_SEND_SIGNAL, fd, sig, None, 0)
 
 
 def _openat2(dir_fd, path, flags, resolve):
@@ -412,15 +397,6 @@ def _wait_ready(fds, priority_fds, seconds):
     return [fd for fd, _ in poller.poll(timeout)]
 
 
-def _exited_pidfds(fds):
-    """Those of fds (pidfds) whose process has exited, by one poll() for all:
-    after a stop signal most have, and one select() each would cost ms."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    return set(fd for fd, _ in poller.poll(0))
-
-
 def _filesystem_type(fd):
     """fstatfs(2) f_type of the filesystem holding an open fd."""
     libc = _libc()
@@ -453,13 +429,11 @@ def _signal_name(number):
 
 def _return_code(waitid_result):
     """The status as subprocess reports it: the exit code, or -N for signal N."""
-    if waitid_result.si_code == os.CLD_EXITED:
-        return waitid_result.si_status
-    return -waitid_result.si_status
+    status = waitid_result.si_status
+    return status if waitid_result.si_code == os.CLD_EXITED else -status
 
 
-def _now():
-    return time.monotonic()
+_now = time.monotonic
 
 
 # A resource that ran out, and the limit behind it.
@@ -535,11 +509,25 @@ def _complain(message, patient=True):
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _read_to_end(fd):
-    chunks = [os.read(fd, 65536)]
-    while chunks[-1]:
-        chunks.append(os.read(fd, 65536))
-    return b"".join(chunks)
+def _read_to_end(fd, close=False):
+    try:
+        chunks = [os.read(fd, 65536)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks)
+    finally:
+        if close:
+            os.close(fd)
+
+
+class _HoldsFd(object):
+    """close() for an object holding one descriptor in `fd` (None once closed)."""
+    __slots__ = ()
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 # --- /proc ------------------------------------------------------------------------------
@@ -568,7 +556,7 @@ class _Proc(object):
         return (self.pid, self.start)
 
 
-class _ProcFS(object):
+class _ProcFS(_HoldsFd):
     """/proc, opened once and read relative to that descriptor, so that a
     mount over /proc during the run changes nothing, and never through a
     mount made inside it (openat2 RESOLVE_NO_XDEV, or else a device check):
@@ -583,7 +571,10 @@ class _ProcFS(object):
             raise SupervisorError("/proc: %s; mount it (mount -t proc proc /proc)" % e.strerror)
         try:
             self.device = os.fstat(self.fd).st_dev
-            self._check_procfs()
+            kind = _filesystem_type(self.fd)
+            if kind != _PROC_SUPER_MAGIC:
+                raise SupervisorError("/proc is not procfs (filesystem type 0x%x); mount it "
+                                      "(mount -t proc proc /proc)" % kind)
             self.openat2 = self._has_openat2()
             self._check_namespace()
             self._check_visibility()
@@ -596,12 +587,6 @@ class _ProcFS(object):
         except BaseException:
             self.close()
             raise
-
-    def _check_procfs(self):
-        kind = _filesystem_type(self.fd)
-        if kind != _PROC_SUPER_MAGIC:
-            raise SupervisorError("/proc is not procfs (filesystem type 0x%x); mount it "
-                                  "(mount -t proc proc /proc)" % kind)
 
     def _has_openat2(self):
         """openat2() exists here (Linux 5.6+, and no seccomp filter refuses it)."""
@@ -640,11 +625,9 @@ class _ProcFS(object):
 
     def mountinfo(self):
         """[(fields before ' - ', fields after)] of our mount namespace."""
-        table = []
-        for line in (self.read("self/mountinfo") or b"").decode("utf-8", "replace").splitlines():
-            before, _, after = line.partition(" - ")
-            table.append((before.split(), after.split()))
-        return table
+        lines = (self.read("self/mountinfo") or b"").decode("utf-8", "replace").splitlines()
+        return [(before.split(), after.split())
+                for before, _, after in (line.partition(" - ") for line in lines)]
 
     def open(self, path, flags=os.O_RDONLY):
         """A descriptor on /proc/path, opened without crossing a mount."""
@@ -738,12 +721,6 @@ class _ProcFS(object):
                 return line[3:]
         return ""
 
-    def open_fd_count(self):
-        names = self.listing("self/fd")
-        if names is None:
-            raise ObservationError("cannot list /proc/self/fd")
-        return len(names)
-
     def alive(self, proc):
         """Is proc (pid and start time) still alive? A look that fails claims
         nothing: it is taken as alive."""
@@ -752,11 +729,6 @@ class _ProcFS(object):
         except ObservationError:
             return True
         return now is not None and now.live and now.start == proc.start
-
-    def close(self):
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 # --- Beside the containment: our children, the caller's jobs, descriptors, the record ---
@@ -770,13 +742,8 @@ class _Children(object):
 
     def all(self, endtime=None):
         """Our children; past `endtime` perhaps only some (see _ProcFS.read)."""
-        found = []
-        for tid in self.fs.threads_of(self.me):
-            data = self.fs.read("%d/task/%d/children" % (self.me, tid), endtime=endtime)
-            if data is None:
-                raise ObservationError("cannot read our own children in /proc")
-            found.extend(int(word) for word in data.split())
-        return found
+        return [pid for tid in self.fs.threads_of(self.me)
+                for pid in self._list(tid, endtime=endtime)]
 
     def oldest(self):
         """The first page of our list of children (~600), one read however
@@ -784,12 +751,15 @@ class _Children(object):
         first, and dead first, are there. A whole list costs a pass over it
         each page, and under a fork storm every entry waits for the task-list
         lock: 30,000 zombies took 3 s to list (one page: milliseconds)."""
-        data = self.fs.read("%d/task/%d/children" % (self.me, self.me), first_page=True)
+        return self._list(self.me, first_page=True)
+
+    def _list(self, tid, **how):
+        data = self.fs.read("%d/task/%d/children" % (self.me, tid), **how)
         if data is None:
             raise ObservationError("cannot read our own children in /proc")
         return [int(word) for word in data.split()]
 
-    def live(self, endtime=None, reaper=None):
+    def live(self, endtime, reaper):
         """Our live children now: each still our child (the reaper may have
         run since the list was read, and a pid it freed can be another
         process's by now)."""
@@ -797,8 +767,7 @@ class _Children(object):
         for pid in self.all(endtime):
             if endtime is not None and _now() >= endtime:
                 break
-            if reaper is not None:
-                reaper.reap_when_due()
+            reaper.reap_when_due()
             proc = self.fs.stat(pid)
             if proc is not None and proc.live and proc.ppid == self.me:
                 found.append(proc)
@@ -845,9 +814,6 @@ class _CallersJobs(object):
             self.unattributed[proc.identity] = proc
             return True
         return False
-
-    def spared(self):
-        return set(pid for pid, _ in self.processes) | self.children
 
 
 class _Reaper(object):
@@ -934,8 +900,10 @@ class _FdBudget(object):
     def allowed(self):
         import resource
         self.make_room()
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return max(0, soft - self.fs.open_fd_count() - _FD_RESERVE)
+        soft, names = resource.getrlimit(resource.RLIMIT_NOFILE)[0], self.fs.listing("self/fd")
+        if names is None:
+            raise ObservationError("cannot list /proc/self/fd")
+        return max(0, soft - len(names) - _FD_RESERVE)
 
     def make_room(self):
         if self.saved_limit is not None:
@@ -1002,7 +970,7 @@ class _Record(object):
 
 # --- Waiting for processes to go ------------------------------------------------------------
 
-class _Pin(object):
+class _Pin(_HoldsFd):
     """A process held for signalling or waiting: by its pidfd where the kernel
     has them. The only pins without one that may be signalled are our own
     unreaped children, whose pid stays theirs until we reap them."""
@@ -1021,14 +989,9 @@ class _Pin(object):
             _quietly_signal(self.proc.pid, sig)
             return
         try:
-            _pidfd_send_signal(self.fd, sig)
+            _libc().call("syscall", _SYS_PIDFD_SEND_SIGNAL, self.fd, sig, None, 0)
         except (ProcessLookupError, PermissionError):
             pass  # exited since the proof, or setuid: /proc decides what is left
-
-    def close(self):
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 def _close_pins(pins):
@@ -1036,10 +999,9 @@ def _close_pins(pins):
         pin.close()
 
 
-def _closed(pin):
+def _closed(pin):  # -> None
     if pin is not None:
         pin.close()
-    return None
 
 
 class _PinWaiter(object):
@@ -1049,7 +1011,7 @@ class _PinWaiter(object):
 
     def __init__(self, fs, record, pins):
         self.fs, self.record, self.all_pins = fs, record, pins
-        exited = _exited_pidfds([p.fd for p in pins if p.fd is not None]) if pins else set()
+        exited = set(_wait_ready([p.fd for p in pins if p.fd is not None], (), 0))
         self.pins = []
         for pin in pins:
             if pin.fd in exited:
@@ -1111,19 +1073,6 @@ class _Pause(object):
 
     def close(self):
         pass
-
-
-def _wait_quietly(waiter, endtime):
-    """Wait for waiter, or until endtime, taking no signal meanwhile (they wait
-    in the signalfd for the run's next _wait(), or there is no run: --end-kept).
-    True when it is done."""
-    while not waiter.done():
-        if _now() >= endtime:
-            return False
-        fds, priority_fds, poll_at = waiter.wake()
-        _wait_ready(fds, priority_fds, (endtime if poll_at is None else min(endtime, poll_at))
-                    - _now())
-    return True
 
 
 class _Round(object):
@@ -1387,19 +1336,17 @@ class _Walker(object):
             fd = self.budget.pidfd(pid)
             if fd is False or (fd is None and parent_proc is not None):
                 return None
+        pin = _Pin(None, fd)
         try:
-            proc = self.fs.stat(pid)
+            pin.proc = self.fs.stat(pid)
         except BaseException:
-            _closed(_Pin(None, fd))
+            pin.close()
             raise
-        if proc is not None and parent_proc is not None and (
-                proc.ppid != parent_proc.pid or _readable(fd)
-                or (not parent_is_ours and _readable(parent_fd))):
-            proc = None
-        if proc is None:
-            _closed(_Pin(None, fd))
-            return None
-        return _Pin(proc, fd)
+        if pin.proc is None or (parent_proc is not None and (
+                pin.proc.ppid != parent_proc.pid or _readable(fd)
+                or (not parent_is_ours and _readable(parent_fd)))):
+            return _closed(pin)
+        return pin
 
     def _still_there(self, node):
         """Was the process alive after its children were read? (Then nothing
@@ -1424,7 +1371,7 @@ class _Walker(object):
         walk always gets its turn. By pid: an unreaped child's pid is its own,
         and a kept service is recognised by its pid (should that pid be
         reused, the process is only left to the walk)."""
-        spared = set(pid for pid, _ in self.kept) | self.callers.spared()
+        spared = set(pid for pid, _ in self.kept | self.callers.processes) | self.callers.children
         spared.add(self.pid)
         seen = set()
         for _ in range(_STOP_PASSES):
@@ -1434,18 +1381,14 @@ class _Walker(object):
                 return
             seen.update(fresh)
             if self.callers.groups:  # the caller's jobs are known by group: look first
-                fresh = [pid for pid in fresh if not self._claimed_pid(pid)]
+                procs = [(pid, self.fs.stat(pid)) for pid in fresh]
+                fresh = [pid for pid, proc in procs if proc is None or not self.claimed(proc)]
             # Thousands of them, each kill() slower for the storm: mind the time.
             for each in (lambda pid: _quietly_signal(pid, signal.SIGSTOP), self.reaper.reap):
                 for pid in fresh:
                     if _now() >= endtime:
                         return
                     each(pid)
-
-    def _claimed_pid(self, pid):
-        proc = self.fs.stat(pid)
-        return proc is not None and self.claimed(proc)
-
 
 # --- The containment: the seam, and the run held by the walk alone ---------------------------
 
@@ -1585,11 +1528,7 @@ class _Cgroup(object):
             os.close(fd)
 
     def read(self, name):
-        fd = self.open(name, os.O_RDONLY)
-        try:
-            return _read_to_end(fd)
-        finally:
-            os.close(fd)
+        return _read_to_end(self.open(name, os.O_RDONLY), close=True)
 
     def procs(self):
         """The pids of every process in it and in the cgroups below it (a
@@ -1630,7 +1569,7 @@ class _Cgroup(object):
     def end(self, endtime):
         """cgroup.kill, and wait until it is empty (True) or endtime (False)."""
         self.write("cgroup.kill", "1")
-        return _wait_quietly(_EventWaiter(self, "populated", "0"), endtime)
+        return _wait_for(None, _EventWaiter(self, "populated", "0"), endtime)
 
     def child(self, name):
         """The cgroup `name` below this one, held open."""
@@ -1673,8 +1612,7 @@ class _Cgroup(object):
             if not name.startswith("treereap-"):
                 continue
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             dir_fd=self.fd)
+                fd = os.open(name, _DIR_NOFOLLOW, dir_fd=self.fd)
             except OSError:
                 continue  # removed meanwhile
             try:
@@ -1709,8 +1647,7 @@ def _subdirectories(dir_fd):
 
 def _remove_below(parent_fd, name):
     """rmdir the cgroup name and, first, the cgroups below it."""
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 dir_fd=parent_fd)
+    fd = os.open(name, _DIR_NOFOLLOW, dir_fd=parent_fd)
     try:
         for child in _subdirectories(fd):
             _remove_below(fd, child)
@@ -1775,7 +1712,8 @@ def _open_home(fs, mount_point, path, judge):
 def _judge_home(fd, directory, path):
     """Is this cgroup ours to make children in (see _find_cgroup_home)?"""
     _check_not_managed(directory, path)
-    controllers = _read_at(fd, "cgroup.subtree_control").split()
+    controllers = _read_to_end(os.open("cgroup.subtree_control", os.O_RDONLY | os.O_CLOEXEC,
+                                       dir_fd=fd), close=True).split()
     if controllers and path != "/":
         raise _NoCgroup("our cgroup %s enables controllers below it (%s), so it cannot have "
                         "a child that holds processes" % (path, " ".join(
@@ -1807,14 +1745,6 @@ def _delegated(directory):
         except (OSError, AttributeError):
             pass
     return False
-
-
-def _read_at(dir_fd, name):
-    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        return _read_to_end(fd)
-    finally:
-        os.close(fd)
 
 
 def _unescape(field):
@@ -1925,7 +1855,8 @@ class _CgroupContainment(object):
         nested supervisor's, a root command's) with it: nothing moves."""
         self._stay_out()
         self.cgroup.write("cgroup.freeze", "1")
-        _wait_quietly(_EventWaiter(self.cgroup, "frozen", "1"), min(endtime, _now() + _FREEZE_LIMIT))
+        _wait_for(None, _EventWaiter(self.cgroup, "frozen", "1"),
+                  min(endtime, _now() + _FREEZE_LIMIT))
         self.keeping = keep
         if keep == _KEEP_EVERYTHING:
             self.kept_cgroup = self.cgroup
@@ -1966,10 +1897,10 @@ class _CgroupContainment(object):
             finally:
                 _closed(_Pin(None, fd))
 
-    def _members(self, endtime=None):
-        """{pid: _Proc} of the live processes in the run's cgroup now."""
+    def _members(self, endtime=None, cgroup=None):
+        """{pid: _Proc} of the live processes in the run's cgroup (or `cgroup`) now."""
         found = {}
-        for pid in self.cgroup.procs():
+        for pid in (cgroup or self.cgroup).procs():
             if endtime is not None and _now() >= endtime:
                 break
             proc = self.fs.stat(pid)
@@ -2003,7 +1934,7 @@ class _CgroupContainment(object):
             if not pinned:
                 return
             members = set(self.cgroup.procs())
-            exited = _exited_pidfds([fd for _, fd in pinned])
+            exited = set(_wait_ready([fd for _, fd in pinned], (), 0))
             for pid, fd in pinned:
                 if pid in members and fd not in exited:
                     pin = _Pin(None, fd)
@@ -2028,8 +1959,7 @@ class _CgroupContainment(object):
     def drain_round(self, endtime):
         """cgroup.kill (again: cheap, and a storm is over at once); once the
         cgroup is empty, a kill walk for what left it."""
-        self._stay_out()
-        self.cgroup.write("cgroup.kill", "1")
+        self.kill(endtime)
         if self.cgroup.populated():
             return _Round(None, _EventWaiter(self.cgroup, "populated", "0"))
         self._note_kept(endtime)
@@ -2047,11 +1977,7 @@ class _CgroupContainment(object):
         that is dying this moment, not yet handed to us)."""
         if self.kept_cgroup is None:
             return []
-        members = {}
-        for pid in self.kept_cgroup.procs():
-            proc = self.fs.stat(pid)
-            if proc is not None and proc.live:
-                members[pid] = proc
+        members = self._members(cgroup=self.kept_cgroup)
         return [p for p in members.values() if p.ppid not in members]
 
     def census(self, endtime):
@@ -2275,9 +2201,6 @@ class _StopFileWatch(object):
         os.close(ends[2])
         self.fd, self.ask = ends[0], ends[3]
 
-    def fileno(self):
-        return self.fd
-
     def first_look(self, seconds):
         """Is the stop file there at the start? Refused (UsageError) if it
         cannot be looked at, or the look does not answer within `seconds`."""
@@ -2396,19 +2319,12 @@ class _User(object):
         else:
             self.gid = entry.pw_gid if entry is not None else self.uid
         self.groups = os.getgrouplist(entry.pw_name, self.gid) if entry is not None else []
-        self.environment = None
-        if entry is not None:
-            self.environment = dict(os.environ, HOME=entry.pw_dir, USER=entry.pw_name,
-                                    LOGNAME=entry.pw_name)
+        self.environment = dict(os.environ, HOME=entry.pw_dir, USER=entry.pw_name,
+                                LOGNAME=entry.pw_name) if entry is not None else None
         self.shown = entry.pw_name if entry is not None else str(self.uid)
         # Already that user, and no privilege to change groups: nothing to switch.
         self.switching = (self.uid, self.gid) != (os.geteuid(), os.getegid()) or (
             _has_capability(_CAP_SETGID) and sorted(self.groups) != sorted(os.getgroups()))
-
-    def check_privilege(self):
-        if self.switching and not (_has_capability(_CAP_SETUID) and _has_capability(_CAP_SETGID)):
-            raise UsageError("--user: switching to %s (uid %d) needs root (CAP_SETUID and "
-                             "CAP_SETGID); run the supervisor as root" % (self.shown, self.uid))
 
     def can(self, checks):
         """[bool] for (path, "enter" or "write") checks, tried as the user, in
@@ -2588,8 +2504,8 @@ def _wait(run, endtime, fds=(), priority_fds=()):
     file's watch or the exec report speaks (while running only), or the
     monotonic time `endtime`. Then act on the signals."""
     running = run.state == "running"
-    watch_fd = run.watch.fileno() if running and run.watch is not None else None
-    report_fd = run.report.fileno() if running else None
+    watch_fd = run.watch.fd if running and run.watch is not None else None
+    report_fd = run.report.fd if running else None
     wanted = [fd for fd in (run.catcher.fd, watch_fd, report_fd) if fd is not None]
     if run.reaper.pending:
         endtime = min(endtime, run.reaper.next_list_reap)
@@ -2600,12 +2516,18 @@ def _wait(run, endtime, fds=(), priority_fds=()):
 def _wait_for(run, waiter, endtime, interruptible=False):
     """Block until waiter says done (processes gone, a cgroup empty or
     frozen): True; False at `endtime`, or, when interruptible, as soon as a
-    later stop signal asks to hurry."""
+    later stop signal asks to hurry. run None: taking no signal meanwhile
+    (they wait in the signalfd for the run's next _wait(), or there is no
+    run: --end-kept)."""
     while not waiter.done():
         if _now() >= endtime or (interruptible and run.hurry):
             return False
         fds, priority_fds, poll_at = waiter.wake()
-        _wait(run, endtime if poll_at is None else min(endtime, poll_at), fds, priority_fds)
+        until = endtime if poll_at is None else min(endtime, poll_at)
+        if run is None:
+            _wait_ready(fds, priority_fds, until - _now())
+        else:
+            _wait(run, until, fds, priority_fds)
     return True
 
 
@@ -2665,17 +2587,13 @@ def _forward(run, sig, when):
         _signal_group(run.fs, run.pid, sig)
 
 
-def _suspend_on_signal(run, sig, when):
-    _suspend(run)
-
-
 # What a signal does, by the state of the run: a stop signal (TERM, INT, HUP
 # and every other that would end us), a forwarded one (USR1, USR2, WINCH),
 # and SIGTSTP; None ignores it. SIGCHLD reaps in every state (_act_on_signals).
 _SIGNAL_ACTIONS = {
     #              stop           forwarded  suspend
     "starting":    (_request_stop, None, None),
-    "running":     (_request_stop, _forward, _suspend_on_signal),
+    "running":     (_request_stop, _forward, lambda run, sig, when: _suspend(run)),
     "terminating": (_hurry, _forward, None),
     "killing":     (_hurry, None, None),
     "draining":    (_hurry, None, None),
@@ -2686,12 +2604,10 @@ _SIGNAL_ACTIONS = {
 def _command_exited(run):
     """Has the command exited? Looks without reaping (WNOWAIT)."""
     if run.exit_info is None and run.pid is not None and not run.reaped:
-        try:
-            info = os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        try:  # None while it runs
+            run.exit_info = os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            info = None
-        if info is not None:
-            run.exit_info = info
+            pass
     return run.exit_info is not None
 # --- Job control: the terminal, Ctrl-Z, forwarded signals ------------------------------------
 
@@ -2838,21 +2754,13 @@ def _stopped_before_start(run):
     return run.stop_reason is not None
 
 
-class _ExecReport(object):
+class _ExecReport(_HoldsFd):
     """The child's word on its exec, through a CLOEXEC pipe: EOF with nothing
     said means the exec happened (or the child died first); "step errno" means
     it failed. Pending until EOF is read."""
 
     def __init__(self, fd):
         self.fd, self.data, self.failure = fd, b"", None
-
-    def fileno(self):
-        return self.fd
-
-    @property
-    def pending(self):
-        """Not read to EOF yet: the child may not have reached its exec."""
-        return self.fd is not None
 
     def read(self, block):
         """Read what is there; with block, to EOF (the caller knows the child is
@@ -2861,22 +2769,16 @@ class _ExecReport(object):
             return
         os.set_blocking(self.fd, block)
         try:
-            while True:
-                chunk = os.read(self.fd, 512)
-                if not chunk:
-                    break
+            chunk = os.read(self.fd, 512)
+            while chunk:
                 self.data += chunk
+                chunk = os.read(self.fd, 512)
         except BlockingIOError:
             return
         self.close()
         if self.data:
             step, code, detail = (self.data.decode("utf-8", "replace").split(" ", 2) + [""])[:3]
             self.failure = (step, int(code), detail)
-
-    def close(self):
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 def _start_command(run):
@@ -3077,7 +2979,7 @@ def _drive(run):
         keep = _keep_what(run)
         run.record.on = True
         if run.stop_reason is not None:
-            if run.report.pending:
+            if run.report.fd is not None:  # not read to EOF: it may not have exec'd yet
                 run.containment.join(run.pid)
             _say(run, "stopping the run: %s; %s" % (_why_stopped(run), _first_signal(run)))
             endtime = _enter(run, "terminating")
@@ -3168,9 +3070,7 @@ def _drain(run, endtime):
     """draining: SIGKILL everything in scope, round after round, until a
     stable look finds nothing alive, within one budget; then a last SIGKILL
     pass and the confirming look, within _FINAL_PASS_LIMIT."""
-    confirmed = _drain_rounds(run.containment, endtime,
-                              lambda waiter, until: _wait_for(run, waiter, until))
-    run.survivors, run.stable = confirmed
+    run.survivors, run.stable = _drain_rounds(run, endtime)
     if run.stable and not run.survivors:
         return
     run.killed = True
@@ -3179,10 +3079,10 @@ def _drain(run, endtime):
     run.survivors, run.stable = run.containment.confirm(final_endtime, None)
 
 
-def _drain_rounds(containment, endtime, wait):
+def _drain_rounds(run, endtime):
     """Drain rounds until one is confirmed, or endtime: (alive, stable) of
-    the last confirmation tried. wait(waiter, until) waits for a round."""
-    outcome = ([], False)
+    the last confirmation tried."""
+    containment, outcome = run.containment, ([], False)
     while _now() < endtime:
         round_ = containment.drain_round(endtime)
         try:
@@ -3190,7 +3090,7 @@ def _drain_rounds(containment, endtime, wait):
                 outcome = containment.confirm(endtime, round_.walk)
                 if outcome[1] and not outcome[0]:
                     return outcome
-            wait(round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
+            _wait_for(run, round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
         finally:
             round_.close()
     return outcome
@@ -3302,15 +3202,6 @@ def _note_survivors(run):
     run.survivors_count = len(run.survivors) if whole else None
 
 
-def _finish_containment(run):
-    """What the containment says at the end (a cgroup: its usage, read
-    before it is removed), whatever way the run ended."""
-    try:
-        run.fields = run.containment.finish()
-    except OSError:
-        pass  # a cgroup that cannot be read or removed: it stays, and is named
-
-
 def _confirmed(run):
     return (not run.survivors and run.stable and not run.failed and not run.unattributed
             and not run.foreign)
@@ -3391,15 +3282,13 @@ def _exit_status(run, confirmed):
     if run.error_exit is not None:
         return run.error_exit
     code = _return_code(run.exit_info) if run.exit_info is not None else None
-    if run.plan.preserve_status and code is not None:
+    if run.stop_reason is None or (run.plan.preserve_status and code is not None):
         return code if code >= 0 else 128 - code
-    if run.stop_reason is not None and code == -signal.SIGKILL:
+    if code == -signal.SIGKILL:
         return EXIT_KILLED  # as timeout(1): the stop had to end it with SIGKILL
     if run.stop_reason in ("timeout", "stop_file"):
         return EXIT_TIMED_OUT
-    if run.stop_reason == "signal":
-        return 128 + run.stop_signal
-    return code if code >= 0 else 128 - code
+    return 128 + run.stop_signal  # stopped by a signal
 
 
 def _children_usage():
@@ -3422,8 +3311,7 @@ def _usage(run):
         now, before = _children_usage(), run.usage_before
         usage.update(cpu_user_s=now.ru_utime - before.ru_utime,
                      cpu_system_s=now.ru_stime - before.ru_stime, max_rss_kib=now.ru_maxrss)
-    if run.fields["usage"] is not None:
-        usage.update(run.fields["usage"])
+    usage.update(run.fields["usage"] or {})
     usage["cpu_user_s"] = round(usage["cpu_user_s"], 6)
     usage["cpu_system_s"] = round(usage["cpu_system_s"], 6)
     return usage
@@ -3509,9 +3397,8 @@ def _text(value):
 
 
 _JSON_ESCAPES = dict((i, "\\u%04x" % i) for i in list(range(0x20)) + [0x7F])
-_JSON_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\", ord("\n"): "\\n",
-                      ord("\r"): "\\r", ord("\t"): "\\t", ord("\b"): "\\b",
-                      ord("\f"): "\\f"})
+_JSON_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\", ord("\n"): "\\n", ord("\r"): "\\r",
+                      ord("\t"): "\\t", ord("\b"): "\\b", ord("\f"): "\\f"})
 
 
 def _json(value, indent=""):
@@ -3524,9 +3411,7 @@ def _json(value, indent=""):
         return repr(value)
     if isinstance(value, str):
         text = value.translate(_JSON_ESCAPES)
-        try:
-            text.encode("ascii")
-        except UnicodeEncodeError:
+        if any(c >= "\x80" for c in text):
             text = "".join(c if c < "\x80" else _json_escape(ord(c)) for c in text)
         return '"%s"' % text
     inner = indent + "  "
@@ -3653,8 +3538,7 @@ class _ReceiptTarget(object):
                 os.mkdir(name, 0o755, dir_fd=self.dir_fd)
             except FileExistsError:
                 pass
-            fd = _high_fd(os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                                  | os.O_CLOEXEC, dir_fd=self.dir_fd))
+            fd = _high_fd(os.open(name, _DIR_NOFOLLOW, dir_fd=self.dir_fd))
             os.close(self.dir_fd)
             self.dir_fd, self.can_sync = fd, True
             self.missing.pop(0)
@@ -3669,11 +3553,9 @@ def _not_a_receipt(st):
     """Why what is at the receipt's path (lstat st) is no receipt to replace,
     or None: only a regular file is. A symlink there is no receipt either:
     the rename would destroy the link (/dev/stdout, a link into /proc)."""
-    kind = st.st_mode & 0o170000
-    if kind == 0o100000:
-        return None
-    return {0o040000: "a directory", 0o120000: "a symlink"}.get(kind, "a device, FIFO or "
-                                                                      "socket") + " is there"
+    kinds = {0o100000: None, 0o040000: "a directory", 0o120000: "a symlink"}
+    why = kinds.get(st.st_mode & 0o170000, "a device, FIFO or socket")
+    return why and why + " is there"
 
 
 def _open_directory(directory):
@@ -3830,6 +3712,10 @@ def _checked(kind, value, name):
         if value not in kind:
             raise UsageError("%s: %r is not one of %s" % (name, value, ", ".join(kind)))
         return value
+    if kind == "pid":  # the API's alone: the command line sets it after the checks
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise UsageError("%s: give a pid (an int above 0), not %r" % (name, value))
+        return value
     if not isinstance(value, str) or not value:
         raise UsageError("%s: give a non-empty string, not %r" % (name, value))
     if kind == "path" and value == "-":
@@ -3961,7 +3847,9 @@ def _walks_up_to(dir_fd, directory):
 
 def _check_user(spec, workdir):
     user = _User(spec)
-    user.check_privilege()
+    if user.switching and not (_has_capability(_CAP_SETUID) and _has_capability(_CAP_SETGID)):
+        raise UsageError("--user: switching to %s (uid %d) needs root (CAP_SETUID and "
+                         "CAP_SETGID); run the supervisor as root" % (user.shown, user.uid))
     if not user.can([(workdir, "enter")])[0]:
         raise UsageError("--user: %s cannot enter the workdir %s" % (user.shown, workdir))
     return user
@@ -4013,7 +3901,10 @@ def _execute(run):
     _take_back_terminal(run)
     if run.watch is not None:
         run.watch.close()  # the lookout, reaped
-    _finish_containment(run)
+    try:  # what the containment says (a cgroup: its usage, read before it is removed)
+        run.fields = run.containment.finish()
+    except OSError:
+        pass  # a cgroup that cannot be read or removed: it stays, and is named
     # From here on no signal is taken (a flood of queued ones cannot delay the
     # receipt); they stay pending until we exit (the CLI) or are discarded
     # when the caller's handlers come back (the API).
@@ -4167,7 +4058,7 @@ def _end_kept_trees(fs, roots, endtime):
         before = [pid for pid, pin in roots.items() if not _readable(pin.fd)]
         round_ = walker.kill_round(endtime)
         try:
-            gone = _wait_quietly(round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
+            gone = _wait_for(None, round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
             gone = gone and round_.walk.stable and len(round_.walk.pins) == len(round_.walk.found)
         finally:
             round_.close()
@@ -4290,10 +4181,7 @@ def _help():
 
 def _option(name):
     """The row of _OPTIONS for a flag, or None."""
-    for row in _OPTIONS:
-        if name in row[0]:
-            return row
-    return None
+    return next((row for row in _OPTIONS if name in row[0]), None)
 
 
 def _takes_value(row):

@@ -151,6 +151,23 @@ def test_supervise_refuses_none_where_a_value_is_needed():
     assert len(lines) == 5 and all("give a value" in line for line in lines), lines
 
 
+def test_supervise_takes_stop_with_parent_as_a_pid():
+    """stop_with_parent is the pid of the caller's parent (an int): the run
+    goes as ever while that parent lives; a string, or a pid of no process
+    that could be a parent, is refused."""
+    code = ("import os, supervisor as s\n"
+            "r = s.supervise(['true'], 30, 1, stop_with_parent=os.getppid())\n"
+            "print(r['stop_reason'], r['return_code'])\n"
+            "for bad in (str(os.getppid()), 0, True):\n"
+            "    try:\n"
+            "        s.supervise(['true'], 30, 1, stop_with_parent=bad)\n"
+            "    except s.UsageError as e:\n"
+            "        print('refused:', e)\n")
+    lines = run_python(code).stdout.splitlines()
+    assert lines[0] == "exit 0", lines
+    assert len(lines) == 4 and all("give a pid" in line for line in lines[1:]), lines
+
+
 def test_end_kept_never_says_all_gone_when_a_kept_process_exited_first(paths):
     """Without a cgroup, what a kept process started is found through it: once
     it exited, its children went to init and nothing leads to them. The

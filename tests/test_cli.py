@@ -182,7 +182,9 @@ def test_refuses_a_proc_of_another_pid_namespace(sandbox):
 def test_durations_read_as_timeout_reads_them(sandbox, text, seconds):
     args = good(sandbox, **{"--timeout": text, "--cleanup-timeout": text})
     result = run_supervisor(*args)
-    assert result.returncode == 0, result.stderr
+    # Under load, a deadline of 0.25 s may come before `touch` ends: stopped, as it should be.
+    assert result.returncode == 0 or (seconds < 1 and result.returncode in (124, 137)), \
+        result.stderr
     receipt = read_receipt(sandbox["receipt"])
     assert receipt["timeout_s"] == seconds and receipt["cleanup_timeout_s"] == seconds
 
