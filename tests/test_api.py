@@ -26,8 +26,9 @@ def test_supervise_takes_the_clis_choices_and_writes_the_receipt(paths):
     paths.receipt.parent.mkdir()
     paths.receipt.write_text(json.dumps({"cleanup_confirmed": True, "stale": True}))
     code = ("import json, supervisor as s\n"
-            "r = s.supervise(['sh', '-c', 'setsid -f sleep 300 >/dev/null 2>&1; "
-            "trap \"exit 9\" INT; while :; do sleep 0.05; done'], 0.5, 2, workdir=%r, "
+            # The trap first, and a deadline a loaded machine's sh reaches it by.
+            "r = s.supervise(['sh', '-c', 'trap \"exit 9\" INT; "
+            "setsid -f sleep 300 >/dev/null 2>&1; while :; do sleep 0.05; done'], 2, 2, workdir=%r, "
             "policy='keep-services', stop_signal='INT', receipt=%r, verbose=True)\n"
             "print(json.dumps(r))\n" % (str(paths.work), str(paths.receipt)))
     result = run_python(code)
