@@ -42,7 +42,7 @@ The file, top to bottom (section: its entry points):
     signals, stop file    _SignalCatcher (a signalfd), _StopFileWatch (inotify + a check)
     --user                _User, _check_user_may_not_replace
     the run               _Plan, _Run, _enter (the state), _wait, _SIGNAL_ACTIONS
-    the phases            _prepare, _drive (the driver), _start_command, _drain, _finish
+    the phases            _prepare, _drive (the driver), _start_command, _Output, _drain, _finish
     the receipt           _build_receipt, _json, _ReceiptTarget
     the API               supervise, exec_timeout, write_receipt, end_kept, parse_duration
     the command line      _OPTIONS (the one table of options), _parse_args, main
@@ -57,7 +57,7 @@ import time
 # calls, without the enum wrappers whose import costs ~3 ms on every run.
 import _signal as signal
 
-__version__ = "3.0.0"
+__version__ = "3.1.0"
 __all__ = [
     "CLEANUP_PHASE_COUNT", "CONTAINMENTS", "DEFAULT_CLEANUP_TIMEOUT", "EXEC_TIMEOUT_SLACK",
     "EXIT_CANNOT_EXECUTE", "EXIT_FAILURE", "EXIT_KILLED", "EXIT_NOT_FOUND", "EXIT_TIMED_OUT",
@@ -97,7 +97,7 @@ _UNSETTLED_RETRY = 0.002
 # A drain round waits this long at most for what it killed before it walks the
 # tree again, so a process stuck in D state cannot hide new adoptions.
 _DRAIN_ROUND_LIMIT = 0.05
-RECEIPT_SCHEMA_VERSION = 4
+RECEIPT_SCHEMA_VERSION = 5
 # Every list of the receipt but `preserved` holds at most this many entries
 # (their counts beside them), and an entry is a few numbers and a process
 # name of at most 15 bytes: its size is bounded by construction. `preserved`
@@ -161,6 +161,18 @@ _FD_RESERVE = 16
 _MEMBER_BATCH = 32
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Sizes in binary units, as systemd's MemoryMax= and nsjail read them.
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+# The limits the kernel enforces on the run's cgroup: the plan's keyword,
+# the controller it needs, its option.
+_LIMIT_CONTROLLERS = (("memory_max", "memory", "--memory-max"), ("pids_max", "pids", "--pids-max"))
+# --cpu-time: the run's CPU is read again when it could be spent at the
+# earliest (every CPU busy), but no sooner than this after the last read.
+_CPU_TIME_MIN_WAKE = 0.05
+# --max-output: the least cap (room for a head, a tail and the marker), and
+# the most read from the output at one wake-up (a signal waits no longer).
+_MIN_OUTPUT_CAP, _OUTPUT_READS = 1024, 16
+_F_SETPIPE_SZ = 1031
 # The largest duration (the largest time_t, as timeout(1) clamps to).
 _MAX_DURATION = float(2 ** 63 - 1)
 
@@ -250,7 +262,7 @@ def __getattr__(name):
             timeout_s=f, cleanup_timeout_s=f, stop_reason=s, signal=n, exit_status=i, policy=s,
             stop_signal=n, cleanup_s=f, ladder=list, containment=s, cgroup=n, kept_cgroup=n,
             cgroup_unavailable=n, user=nd, preserved=list, survivors=list, survivors_count=ni,
-            unattributed=list, drained=list, drained_count=i, usage=nd))
+            unattributed=list, drained=list, drained_count=i, usage=nd, limits=nd, output=nd))
     globals()[name] = receipt_type
     return receipt_type
 
@@ -1412,8 +1424,11 @@ class _ProcContainment(object):
                              cleanup_confirmed; walk is the last round's
         preserved(endtime)   the kept roots alive now (the receipt's preserved)
         census(endtime)      (what of the run is alive, whether all was seen)
+        usage()              what the kernel counted for the run so far
+                             (a cgroup's cpu.stat, memory and pids), or None
         finish()             the receipt's fields: containment, cgroup,
-                             kept_cgroup, usage; a cgroup is removed here
+                             kept_cgroup, usage, limits_set; a cgroup is
+                             removed here
         close()
     """
 
@@ -1494,8 +1509,12 @@ class _ProcContainment(object):
             return [], True
         return self.walker.census(endtime)
 
+    def usage(self):
+        return None
+
     def finish(self):
-        return {"containment": "children", "cgroup": None, "kept_cgroup": None, "usage": None}
+        return {"containment": "children", "cgroup": None, "kept_cgroup": None, "usage": None,
+                "limits_set": {}}
 
     def close(self):
         _close_pins(self.held)
@@ -1561,6 +1580,15 @@ class _Cgroup(object):
 
     def populated(self):
         return self.events().get("populated") != "0"
+
+    def is_root(self):
+        """The hierarchy's own root (not a cgroup namespace's): it alone has
+        no cgroup.events."""
+        try:
+            os.stat("cgroup.events", dir_fd=self.fd)
+            return False
+        except FileNotFoundError:
+            return True
 
     def holds(self, path):
         """Is the cgroup path (as /proc/PID/cgroup gives it) this one or below it?"""
@@ -1754,11 +1782,11 @@ def _unescape(field):
     return parts[0] + "".join(chr(int(part[:3], 8)) + part[3:] for part in parts[1:])
 
 
-def _cgroup_for_run(fs):
-    """(our cgroup, the run's, made in it), or _NoCgroup saying why not: it
-    needs pidfds (Linux 5.3, and no seccomp filter that refuses them: every
-    member is signalled through one), cgroup.freeze (5.2) and cgroup.kill
-    (5.14)."""
+def _cgroup_for_run(fs, plan):
+    """(our cgroup, the one we stay in, the run's, made in the first, with
+    its limits set), or _NoCgroup saying why not: it needs pidfds (Linux
+    5.3, and no seccomp filter that refuses them: every member is signalled
+    through one), cgroup.freeze (5.2) and cgroup.kill (5.14)."""
     try:
         pidfd = _pidfd_open(os.getpid())
     except OSError as e:
@@ -1770,24 +1798,97 @@ def _cgroup_for_run(fs):
         home = _find_cgroup_home(fs)
     except OSError as e:
         raise _cgroup_error(e, e.filename or "cgroup")
+    own = home
     try:
         home.remove_leftovers()
+        own = _enable_controllers(home, plan)
         cgroup = home.make_child()
-    except OSError as e:
+    except (OSError, SupervisorError) as e:
+        own.close()
         home.close()
+        if isinstance(e, SupervisorError):
+            raise
         raise _cgroup_error(e, "cannot make a cgroup in %s" % home.shown)
     try:
         for name in ("cgroup.kill", "cgroup.freeze"):
             os.stat(name, dir_fd=cgroup.fd)
         cgroup.procs_fd = _high_fd(cgroup.open("cgroup.procs", os.O_WRONLY))
         cgroup.events()
-    except OSError as e:
+        limits_set = _set_limits(cgroup, plan)
+    except (OSError, SupervisorError) as e:
         home.remove_child(cgroup)
-        cgroup.close()
-        home.close()
+        for each in (cgroup, own, home):
+            each.close()
+        if isinstance(e, SupervisorError):
+            raise
         raise _cgroup_error(e, "cannot use the cgroup %s (cgroup.kill needs Linux 5.14)"
                             % cgroup.shown)
-    return home, cgroup
+    return home, own, cgroup, limits_set
+
+
+def _limits_asked(plan):
+    """(option, controller) of each limit the kernel is to enforce."""
+    return [(option, controller) for key, controller, option in _LIMIT_CONTROLLERS
+            if getattr(plan, key) is not None]
+
+
+def _enable_controllers(home, plan):
+    """The controllers the limits need, enabled for the cgroups below ours;
+    returns the cgroup we stay in. Below the root, a cgroup that enables
+    controllers for its children must hold no process (for memory the
+    kernel refuses it; for pids and cpu, threaded controllers, it would
+    make the run's cgroup unusable): so we move first into a leaf of our
+    own below it (as nsjail and BenchExec do), outside the run's cgroup,
+    where its OOM kill cannot reach us; and stay there. Refused, naming the
+    option, where it cannot be done: never a limit silently unenforced."""
+    enabled = home.read("cgroup.subtree_control").split()
+    missing = [(o, c) for o, c in _limits_asked(plan) if c.encode() not in enabled]
+    for option, controller in missing:
+        if controller.encode() not in home.read("cgroup.controllers").split():
+            raise SupervisorError(
+                "%s: the %s controller is not available to the cgroup %s (not in its "
+                "cgroup.controllers: on cgroup v1, or not delegated); see the README's Limits"
+                % (option, controller, home.shown))
+    if not missing:
+        return home
+    text, own = " ".join("+" + c for _, c in missing), home
+    try:
+        if not home.is_root():
+            own = home.make_child()
+            own.write("cgroup.procs", str(os.getpid()))
+            if home.read("cgroup.procs").split():
+                raise OSError(errno.EBUSY, "busy")
+        home.write("cgroup.subtree_control", text)
+    except OSError as e:
+        if own is not home:
+            home.write("cgroup.procs", str(os.getpid()))
+            home.remove_child(own)
+            own.close()
+        raise SupervisorError("%s: cannot enable the %s controller below the cgroup %s: %s" % (
+            missing[0][0], missing[0][1], home.shown, "it holds processes other than this one; "
+            "start the supervisor in a cgroup of its own (see the README's Limits)"
+            if e.errno == errno.EBUSY else e.strerror))
+    return own
+
+
+def _set_limits(cgroup, plan):
+    """Each limit into the run's cgroup, before anything joins it; returns
+    what the kernel set ({file: its text read back}). memory: swap none (the
+    limit is all the run may have), and an OOM kill takes the whole run."""
+    wanted = []
+    if plan.memory_max is not None:
+        wanted = [("memory.max", plan.memory_max), ("memory.swap.max", 0), ("memory.oom.group", 1)]
+    if plan.pids_max is not None:
+        wanted.append(("pids.max", plan.pids_max))
+    limits_set = {}
+    for name, value in wanted:
+        try:
+            cgroup.write(name, str(value))
+            limits_set[name] = cgroup.read(name).decode().strip()
+        except OSError as e:  # memory.swap.max missing: a kernel without swap accounting
+            raise SupervisorError("%s: cannot set %s/%s: %s" % (
+                _LIMIT_CONTROLLERS[name.startswith("pids")][2], cgroup.shown, name, e.strerror))
+    return limits_set
 
 
 def _cgroup_error(e, what):
@@ -1825,9 +1926,9 @@ class _CgroupContainment(object):
     down that finds nothing else of the run alive (docs/design.md, "The
     cgroup"). The verbs are _ProcContainment's."""
 
-    def __init__(self, home, cgroup, walker):
-        self.home, self.cgroup, self.walker = home, cgroup, walker
-        self.fs = walker.fs
+    def __init__(self, home, own, cgroup, walker, limits_set):
+        self.home, self.own, self.cgroup, self.walker = home, own, cgroup, walker
+        self.fs, self.limits_set = walker.fs, limits_set
         self.kept_cgroup = None
         self.keeping = _KEEP_NOTHING
         self.stopped = set()        # pids of the members seen stopped (T) by look()
@@ -1952,9 +2053,9 @@ class _CgroupContainment(object):
     def _stay_out(self):
         """A root command can write our own pid into the run's cgroup: the
         freeze would stop us, cgroup.kill kill us. Before either, we move
-        back to our own cgroup (ours to write: we made the run's in it)."""
+        back to our own cgroup (ours to write: we made the run's beside it)."""
         if self.cgroup.holds(self.fs.cgroup_of(self.walker.me)):
-            self.home.write("cgroup.procs", str(self.walker.me))
+            self.own.write("cgroup.procs", str(self.walker.me))
 
     def drain_round(self, endtime):
         """cgroup.kill (again: cheap, and a storm is over at once); once the
@@ -1995,10 +2096,13 @@ class _CgroupContainment(object):
         dying kept service handed us included (born there, they are kept)."""
         self.walker.kept = set(p.identity for p in self.preserved(endtime))
 
+    def usage(self):
+        return _cgroup_usage(self.cgroup)
+
     def finish(self):
         """What the run cost, read before the run's cgroup is removed (once
         empty), and the kept one if nothing is in it."""
-        usage = _cgroup_usage(self.cgroup)
+        usage = self.usage()
         if not self.removed and not self.cgroup.populated():
             self.removed = self.home.remove_child(self.cgroup)
         kept = self.kept_cgroup
@@ -2008,7 +2112,8 @@ class _CgroupContainment(object):
             kept.close()
             self.kept_cgroup = None
         return {"containment": "cgroup", "cgroup": self.cgroup.path, "usage": usage,
-                "kept_cgroup": self.kept_cgroup.path if self.kept_cgroup is not None else None}
+                "kept_cgroup": self.kept_cgroup.path if self.kept_cgroup is not None else None,
+                "limits_set": self.limits_set}
 
     def close(self):
         if self.home.fd is None:
@@ -2018,27 +2123,44 @@ class _CgroupContainment(object):
                 self.removed = self.home.remove_child(self.cgroup)
         finally:
             self.cgroup.close()
-            if self.kept_cgroup is not None:
-                self.kept_cgroup.close()
-            self.home.close()
+            for cgroup in (self.kept_cgroup, self.own, self.home):
+                if cgroup is not None:
+                    cgroup.close()
 
 
 def _cgroup_usage(cgroup):
-    """The run's CPU from cpu.stat (every process it ever held, reaped or
-    not), and memory.peak where the memory controller is on for it."""
+    """What the kernel counted for the run (every process the cgroup ever
+    held, reaped or not): its CPU from cpu.stat, with the throttling where
+    the cpu controller is on; where the memory and pids controllers are on,
+    their peaks and events (memory.events: max, oom, oom_kill)."""
+    stat = _cgroup_counters(cgroup, "cpu.stat")
+    if stat is None:
+        return None
+    memory, pids = _cgroup_counters(cgroup, "memory.events"), _cgroup_counters(cgroup, "pids.events")
+    peaks = [_cgroup_counters(cgroup, name, one=True) for name in ("memory.peak", "pids.peak")]
+    throttled = stat.get("throttled_usec")
+    return {"source": "cgroup", "cpu_user_s": stat.get("user_usec", 0) / 1e6,
+            "cpu_system_s": stat.get("system_usec", 0) / 1e6,
+            "cpu_usage_s": stat.get("usage_usec", 0) / 1e6,
+            "cpu_nr_throttled": stat.get("nr_throttled"),
+            "cpu_throttled_s": throttled / 1e6 if throttled is not None else None,
+            "memory_peak_kib": peaks[0] // 1024 if peaks[0] is not None else None,
+            "memory_events": dict((key, memory.get(key, 0)) for key in ("max", "oom", "oom_kill"))
+            if memory is not None else None,
+            "pids_peak": peaks[1], "pids_events_max": pids.get("max") if pids else None}
+
+
+def _cgroup_counters(cgroup, name, one=False):
+    """A cgroup file of counters as {key: int} ("key value" lines), or with
+    one, its one number; None where there is no such file (no controller)."""
     try:
-        stat = dict(line.split() for line in cgroup.read("cpu.stat").decode().splitlines()
-                    if len(line.split()) == 2)
+        text = cgroup.read(name).decode()
+        if one:
+            return int(text)
+        return dict((key, int(value)) for key, value in (
+            line.split() for line in text.splitlines() if len(line.split()) == 2))
     except (OSError, ValueError):
         return None
-    usage = {"source": "cgroup",
-             "cpu_user_s": int(stat.get("user_usec", 0)) / 1e6,
-             "cpu_system_s": int(stat.get("system_usec", 0)) / 1e6}
-    try:
-        usage["memory_peak_kib"] = int(cgroup.read("memory.peak")) // 1024
-    except (OSError, ValueError):
-        usage["memory_peak_kib"] = None
-    return usage
 
 
 # --- Signals and the stop file ---------------------------------------------------------
@@ -2474,7 +2596,9 @@ class _Run(object):
         self.killed = False             # the grace ran out: SIGKILL was needed
         self.fs = self.containment = self.catcher = self.watch = None
         self.callers = self.reaper = self.budget = self.record = None
-        self.fields = {"containment": None, "cgroup": None, "kept_cgroup": None, "usage": None}
+        self.fields = {"containment": None, "cgroup": None, "kept_cgroup": None, "usage": None,
+                       "limits_set": {}}
+        self.output = None              # --output: an _Output
         self.cgroup_unavailable = None  # why auto did not take a cgroup
         self.terminal = None            # fd 0, when the command was given the terminal
         self.subreaper_before = None
@@ -2506,10 +2630,13 @@ def _wait(run, endtime, fds=(), priority_fds=()):
     running = run.state == "running"
     watch_fd = run.watch.fd if running and run.watch is not None else None
     report_fd = run.report.fd if running else None
-    wanted = [fd for fd in (run.catcher.fd, watch_fd, report_fd) if fd is not None]
+    output_fd = run.output.fd if run.output is not None else None
+    wanted = [fd for fd in (run.catcher.fd, watch_fd, report_fd, output_fd) if fd is not None]
     if run.reaper.pending:
         endtime = min(endtime, run.reaper.next_list_reap)
     _wait_ready(wanted + list(fds), priority_fds, endtime - _now())
+    if output_fd is not None:
+        run.output.pump()
     _act_on_signals(run)
 
 
@@ -2717,6 +2844,12 @@ def _prepare(run):
     if run.plan.stop_path is not None:
         run.watch = _StopFileWatch(run.plan.stop_path)
         run.callers.children.add(run.watch.pid)  # none of the run's: never signalled, kept, reaped
+    if run.plan.output is not None:
+        try:
+            run.output = _Output(run.plan.output, run.plan.max_output)
+        except OSError as e:
+            raise SupervisorError("--output: cannot write %s: %s" % (
+                run.plan.output, _os_error_text(e)))
 
 
 def _choose_containment(run):
@@ -2733,14 +2866,18 @@ def _choose_containment(run):
     walker = _Walker(fs, children, run.callers, run.reaper, run.budget, run.record)
     if plan.containment != "proc":
         try:
-            home, cgroup = _cgroup_for_run(fs)
+            home, own, cgroup, limits_set = _cgroup_for_run(fs, plan)
         except _NoCgroup as e:
             if plan.containment == "cgroup":
                 raise SupervisorError("--containment cgroup: %s; use --containment auto or proc"
                                       % e)
+            asked = [o for o, _ in _limits_asked(plan)] + ["--cpu-time"] * bool(plan.cpu_time)
+            if asked:
+                raise SupervisorError("%s: needs a cgroup of the run's own, and there is none "
+                                      "here: %s" % (asked[0], e))
             run.cgroup_unavailable = str(e)
         else:
-            run.containment = _CgroupContainment(home, cgroup, walker)
+            run.containment = _CgroupContainment(home, own, cgroup, walker, limits_set)
             return
     run.containment = _ProcContainment(walker)
 
@@ -2781,6 +2918,97 @@ class _ExecReport(_HoldsFd):
             self.failure = (step, int(code), detail)
 
 
+class _Output(object):
+    """--output FILE: the command's stdout and stderr. With --max-output,
+    through a pipe we read at every wait (the command never blocks on it,
+    and never gets SIGPIPE while the run lasts): FILE gets the first half of
+    the cap as it comes, a ring (an unlinked file beside FILE) the last
+    bytes; at the end, a marker where bytes were cut, then the tail. FILE
+    never grows past the cap."""
+
+    def __init__(self, path, cap):
+        self.path, self.cap, self.seen, self.error, self.fd = path, cap, 0, None, None
+        self.file = _high_fd(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                                     | os.O_CLOEXEC, 0o644))
+        self.for_command = self.file
+        if cap is not None:
+            import fcntl
+            import tempfile
+            self.ring = tempfile.TemporaryFile(dir=os.path.dirname(path))
+            self.head_size = cap // 2
+            self.ring_size = cap - self.head_size
+            self.fd, self.for_command = _pipe()
+            os.set_blocking(self.fd, False)
+            try:
+                fcntl.fcntl(self.fd, _F_SETPIPE_SZ, 1 << 20)  # fewer, larger reads
+            except OSError:
+                pass  # over /proc/sys/fs/pipe-max-size: the default will do
+
+    def pump(self):
+        """Keep what the command wrote since (a bounded amount: the wait goes on)."""
+        for _ in range(_OUTPUT_READS if self.fd is not None else 0):
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                return
+            if not chunk:  # every writer is gone
+                os.close(self.fd)
+                self.fd = None
+                return
+            try:
+                if self.error is None:
+                    self._keep(chunk)
+            except OSError as e:
+                self.error = "%s: %s" % (self.path, e.strerror)  # (a full disk) counted on
+            self.seen += len(chunk)
+
+    def _keep(self, chunk):
+        head = max(0, min(len(chunk), self.head_size - self.seen))
+        if head:
+            os.write(self.file, chunk[:head])
+        rest = chunk[head:][-self.ring_size:]
+        at = (self.seen + len(chunk) - len(rest) - self.head_size) % self.ring_size
+        first = rest[:self.ring_size - at]
+        os.pwrite(self.ring.fileno(), first, at)
+        os.pwrite(self.ring.fileno(), rest[len(first):], 0)
+
+    def finish(self):
+        """The tail after the head, with the marker where bytes were cut;
+        the receipt's output. Anything still writing gets SIGPIPE from now."""
+        kept = os.fstat(self.file).st_size
+        if self.cap is not None:
+            self.pump()
+            beyond, marker = max(0, self.seen - self.head_size), b""
+            tail, start = beyond, 0
+            if beyond > self.ring_size and self.error is None:
+                reserve = len(b"\n[treereap: %d bytes cut here]\n" % beyond)
+                tail = self.ring_size - reserve
+                marker = b"\n[treereap: %d bytes cut here]\n" % (beyond - tail)
+                start = (beyond - tail) % self.ring_size
+            try:
+                if self.error is None:
+                    os.write(self.file, marker)
+                    while tail:
+                        data = os.pread(self.ring.fileno(), min(tail, self.ring_size - start,
+                                                                1 << 20), start)
+                        os.write(self.file, data)
+                        tail, start = tail - len(data), (start + len(data)) % self.ring_size
+            except OSError as e:
+                self.error = "%s: %s" % (self.path, e.strerror)
+            kept = os.fstat(self.file).st_size
+        self.close()
+        return {"path": _text(self.path), "max_bytes": self.cap,
+                "bytes_seen": self.seen if self.cap is not None else kept,
+                "bytes_kept": kept, "cut": kept < self.seen, "error": self.error}
+
+    def close(self):
+        for fd in set((self.fd, self.for_command, self.file)) - set([None]):
+            os.close(fd)
+        self.fd = self.for_command = self.file = None
+        if self.cap is not None:
+            self.ring.close()
+
+
 def _start_command(run):
     """Fork, and exec COMMAND in a process group of its own (and the run's
     cgroup) with the caller's stdio, environment, signal mask and ignored
@@ -2802,6 +3030,9 @@ def _start_command(run):
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, own_mask)
         os.close(write_end)
+        if run.output is not None and run.output.fd is not None:
+            os.close(run.output.for_command)  # the command's alone: its exit is our EOF
+            run.output.for_command = None
     if run.plan.user is None:  # (under --user the child makes a session: see _exec_command)
         try:
             os.setpgid(pid, pid)  # also in the parent, so the group exists either way
@@ -2837,6 +3068,10 @@ def _exec_command(run, report_fd):
             os.setpgid(0, 0)
         step = "cgroup"
         run.containment.join(0)
+        if run.output is not None:
+            step = "output"
+            for fd in (1, 2):
+                os.dup2(run.output.for_command, fd)
         if run.terminal is not None:
             step = "tcsetpgrp"
             os.tcsetpgrp(run.terminal, os.getpid())  # SIGTTOU is blocked here
@@ -2910,10 +3145,25 @@ def _run_until_stop(run):
             run.stop_reason = "timeout"
         if run.stop_reason is None and run.watch is not None and run.watch.stopped():
             run.stop_reason = "stop_file"
+        wake = _cpu_time_check(run) if run.stop_reason is None else now
         if run.stop_reason is not None:
             return
         _check_job_control(run)
-        _wait(run, run.endtime)
+        _wait(run, min(run.endtime, wake))
+
+
+def _cpu_time_check(run):
+    """--cpu-time: the run's CPU so far (the cgroup's cpu.stat: every
+    process it held, reaped or not). Spent: the run stops. Else, when it
+    could be spent at the earliest, every CPU busy (BenchExec's way):
+    nothing reads it more often than the run could spend it."""
+    if run.plan.cpu_time is None:
+        return float("inf")
+    usage = run.containment.usage()  # None: cpu.stat unreadable (a mount over it): spent
+    left = run.plan.cpu_time - (usage["cpu_usage_s"] if usage else float("inf"))
+    if left <= 0:
+        run.stop_reason = "cpu_time"
+    return _now() + max(left / (os.cpu_count() or 1), _CPU_TIME_MIN_WAKE)
 
 
 def _note_exec_failure(run):
@@ -2947,6 +3197,8 @@ def _why_stopped(run):
         return "the deadline passed (%gs)" % run.plan.timeout
     if run.stop_reason == "stop_file":
         return "the stop file %s appeared" % run.plan.stop_path
+    if run.stop_reason == "cpu_time":
+        return "the run spent its CPU time (--cpu-time %gs)" % run.plan.cpu_time
     return "%s received" % _signal_name(run.stop_signal)
 
 
@@ -3257,7 +3509,8 @@ def _release(run):
     """Give back what the run took: terminal, fds, signals, subreaper bit.
     Each step is best effort: the receipt no longer depends on it."""
     steps = [lambda: _take_back_terminal(run)]
-    for part in (run.watch, run.report, run.containment, run.budget, run.fs, run.catcher):
+    for part in (run.watch, run.report, run.output, run.containment, run.budget, run.fs,
+                 run.catcher):
         if part is not None:
             steps.append(part.close)
     if run.subreaper_before is False:
@@ -3282,11 +3535,11 @@ def _exit_status(run, confirmed):
     if run.error_exit is not None:
         return run.error_exit
     code = _return_code(run.exit_info) if run.exit_info is not None else None
-    if run.stop_reason is None or (run.plan.preserve_status and code is not None):
+    if run.stop_reason in (None, "memory") or (run.plan.preserve_status and code is not None):
         return code if code >= 0 else 128 - code
     if code == -signal.SIGKILL:
         return EXIT_KILLED  # as timeout(1): the stop had to end it with SIGKILL
-    if run.stop_reason in ("timeout", "stop_file"):
+    if run.stop_reason in ("timeout", "stop_file", "cpu_time"):
         return EXIT_TIMED_OUT
     return 128 + run.stop_signal  # stopped by a signal
 
@@ -3306,7 +3559,9 @@ def _usage(run):
     starts at fork_rss_kib: it begins as a copy of the supervisor, and the
     kernel keeps that peak through its exec."""
     usage = {"source": "rusage", "cpu_user_s": 0.0, "cpu_system_s": 0.0, "max_rss_kib": 0,
-             "memory_peak_kib": None, "fork_rss_kib": run.fork_rss_kib}
+             "memory_peak_kib": None, "fork_rss_kib": run.fork_rss_kib, "cpu_usage_s": None,
+             "cpu_nr_throttled": None, "cpu_throttled_s": None, "memory_events": None,
+             "pids_peak": None, "pids_events_max": None}
     if run.usage_before is not None:
         now, before = _children_usage(), run.usage_before
         usage.update(cpu_user_s=now.ru_utime - before.ru_utime,
@@ -3365,8 +3620,21 @@ def _build_receipt(run, ended_wall, ended):
         "drained": [_entry(p) for p in drained[:_LIST_LIMIT]],
         "drained_count": len(drained),
         "usage": _usage(run),
+        "limits": _limits(run),
+        "output": run.fields.get("output"),
         "error": _text(run.error) if run.error is not None else None,
     }
+
+
+def _limits(run):
+    """The limits asked, and what the kernel set (its files, read back)."""
+    plan = run.plan
+    asked = {"memory_max": plan.memory_max, "pids_max": plan.pids_max,
+             "cpu_time_s": plan.cpu_time, "max_output": plan.max_output}
+    if not any(value is not None for value in asked.values()):
+        return None
+    asked["set"] = run.fields.get("limits_set") or {}
+    return asked
 
 
 def _namespaces(fs):
@@ -3604,6 +3872,17 @@ _OPTIONS = (
     (("--user",), "user", "text", None, True,
      "USER[:GROUP] run COMMAND as that user, with no way back: then it cannot signal, stop "
      "or trace the supervisor, nor write its receipt"),
+    (("--memory-max",), "memory_max", "size", None, True, "SIZE the run's memory, swap "
+     "included, all processes together (512M, 2G); over it the kernel kills the whole run"),
+    (("--pids-max",), "pids_max", "count", None, True,
+     "N at most N processes and threads in the run at once (a fork past it fails)"),
+    (("--cpu-time",), "cpu_time", "seconds", None, True,
+     "DURATION CPU time of all processes of the run together; spent, the run stops as at "
+     "the deadline"),
+    (("--output",), "output", "path", None, True,
+     "FILE COMMAND's stdout and stderr go to FILE (made anew)"),
+    (("--max-output",), "max_output", "size", None, True, "SIZE keep at most SIZE bytes "
+     "of the output in FILE: its head and its tail, a marker between (needs --output)"),
     (("--containment",), "containment", CONTAINMENTS, "auto", True,
      "auto|cgroup|proc a cgroup of the run's own where one can be made (auto), or refuse "
      "(cgroup); or the /proc walk alone (proc)"),
@@ -3697,11 +3976,13 @@ def _api_values(timeout, cleanup_timeout, options):
 def _checked(kind, value, name):
     """An option's value, checked: from the command line a string, from the
     API a string or the value itself. None stays None (not given)."""
-    if kind in ("path", "text", "pid") and value is None:
+    if kind in ("path", "text", "pid", "size", "count", "seconds") and value is None:
         return value
     if value is None:
         raise UsageError("%s: give a value, not None" % name)
-    if kind == "duration":
+    if kind in ("size", "count"):
+        return _parse_size(value, name, kind)
+    if kind in ("duration", "seconds"):
         return parse_duration(value, name) if isinstance(value, str) else _check_seconds(
             value, name)
     if kind == "signal":
@@ -3732,9 +4013,11 @@ def _checked_plan(command, values):
     docker exec and kubectl exec is nobody's workdir."""
     given = values["workdir"]
     values["workdir"] = _absolute(given, "--workdir") if given else _current_directory()
-    if values["stop_path"] is not None:
-        values["stop_path"] = _absolute(values["stop_path"], "--stop-file")
+    for key, option in (("stop_path", "--stop-file"), ("output", "--output")):
+        if values[key] is not None:
+            values[key] = _absolute(values[key], option)
     plan = _Plan(_check_command(command), values)
+    _check_limits(plan)
     fence = None if plan.workdir == "/" and not given else plan.workdir
     target = _receipt_target(plan.receipt, fence) if plan.receipt is not None else None
     try:
@@ -3749,6 +4032,24 @@ def _checked_plan(command, values):
             target.close()
         raise
     return plan, target
+
+
+def _check_limits(plan):
+    """What the limits need that the plan alone can tell."""
+    if plan.max_output is not None:
+        if plan.output is None:
+            raise UsageError("--max-output: needs --output FILE (where the output is kept)")
+        if plan.max_output < _MIN_OUTPUT_CAP:
+            raise UsageError("--max-output: at least 1K (room for a head, a tail and the "
+                             "marker between)")
+        if plan.policy != "drain-all":
+            raise UsageError("--max-output: not with --%s: what is kept would write to a pipe "
+                             "nobody reads once the run is over; use --output alone"
+                             % plan.policy)
+    asked = [o for o, _ in _limits_asked(plan)] + ["--cpu-time"] * bool(plan.cpu_time)
+    if asked and plan.containment == "proc":
+        raise UsageError("%s: needs a cgroup of the run's own; drop --containment proc"
+                         % asked[0])
 
 
 def _check_seconds(value, name):
@@ -3905,6 +4206,11 @@ def _execute(run):
         run.fields = run.containment.finish()
     except OSError:
         pass  # a cgroup that cannot be read or removed: it stays, and is named
+    if run.stop_reason is None and (
+            (run.fields["usage"] or {}).get("memory_events") or {}).get("oom_kill"):
+        run.stop_reason = "memory"  # the kernel's OOM killer ended the run at --memory-max
+    if run.output is not None:
+        run.fields["output"] = run.output.finish()
     # From here on no signal is taken (a flood of queued ones cannot delay the
     # receipt); they stay pending until we exit (the CLI) or are discarded
     # when the caller's handlers come back (the API).
@@ -3946,6 +4252,23 @@ def parse_duration(text, option="--timeout"):
         raise UsageError("%s: %r is not a positive duration (seconds, or a number "
                          "with s, m, h or d: 90, 1.5, 10m)" % (option, text))
     return min(value * unit, _MAX_DURATION)
+
+
+def _parse_size(value, option, kind="size"):
+    """A positive number of bytes ('512M', '2G', '1GiB', '4096': binary
+    units), or of processes (kind "count"): ASCII digits; an int from the API."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    text = value.strip() if isinstance(value, str) else ""
+    number, unit = text.upper(), ""
+    if kind == "size":
+        number = number[:-2] if number.endswith("IB") else number.rstrip("B")
+        unit = number[-1:] if number[-1:] in _SIZE_UNITS else ""
+    number = number[:len(number) - len(unit)]
+    if not number or any(c not in "0123456789" for c in number) or not int(number):
+        raise UsageError("%s: %r is not %s" % (option, value, "a positive number of bytes "
+                         "(4096, 512K, 512M, 2G)" if kind == "size" else "a positive number"))
+    return int(number) * _SIZE_UNITS[unit]
 
 
 def _parse_signal(text, option="--signal"):
@@ -4382,11 +4705,28 @@ def _end_kept(path, cleanup_timeout):
 def _outcome(run, receipt, status):
     """-v's closing line: how the run ended, what the cleanup did."""
     kept = ", ".join("%d %s" % (p["pid"], p["name"]) for p in receipt["preserved"][:5])
-    return "done: %s, exit status %d, %d drained%s, %d kept%s, cleanup %s" % (
+    return "done: %s, exit status %d, %d drained%s, %d kept%s, cleanup %s%s" % (
         receipt["stop_reason"] if receipt["signal"] is None else receipt["signal"], status,
         receipt["drained_count"], " (SIGKILL was needed)" if run.killed else "",
         len(receipt["preserved"]), " (%s)" % kept if kept else "",
-        "confirmed" if receipt["cleanup_confirmed"] else "NOT confirmed")
+        "confirmed" if receipt["cleanup_confirmed"] else "NOT confirmed",
+        "".join("; " + hit for hit in _limits_hit(receipt)))
+
+
+def _limits_hit(receipt):
+    """-v: each limit the run reached, named."""
+    usage, limits, output = receipt["usage"], receipt["limits"] or {}, receipt["output"] or {}
+    hit = []
+    if (usage["memory_events"] or {}).get("oom_kill"):
+        hit.append("--memory-max %d reached: the kernel's OOM killer ended the run"
+                   % limits["memory_max"])
+    if usage["pids_events_max"]:
+        hit.append("--pids-max %d reached: %d fork(s) failed" % (
+            limits["pids_max"], usage["pids_events_max"]))
+    if output.get("cut"):
+        hit.append("--max-output: %d of %d bytes kept in %s" % (
+            output["bytes_kept"], output["bytes_seen"], output["path"]))
+    return hit
 
 
 def _unconfirmed_message(receipt):

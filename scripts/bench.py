@@ -1008,6 +1008,35 @@ class Bench(object):
 
     # P3 / P4 ----------------------------------------------------------------------------------
 
+    # P15 ---------------------------------------------------------------------------------------
+
+    def p15_limits(self):
+        """P15: what limits cost, limited against unlimited, interleaved:
+        start-up (`-- true`) and a deadline stop of a two-process tree. The
+        limits this machine enforces: --cpu-time with a cgroup, --max-output
+        everywhere, --memory-max and --pids-max where cgroup v2 has their
+        controllers (in the guest: tests/guest/vmrun.sh 'python3
+        scripts/bench.py --only P15')."""
+        progress("P15 limits")
+        limits = ["--output", os.path.join(self.out, "p15.log"), "--max-output", "1M"]
+        for more in (["--cpu-time", "600"], ["--memory-max", "1G", "--pids-max", "1000"]):
+            probe = [self.py, SUPERVISOR, "--timeout", "60"] + limits + more + ["--", "true"]
+            if exit_code(self.timed_run(probe)[1]) == 0:
+                limits += more
+        named = " ".join(a for a in limits if a.startswith("--") and a != "--output")
+        for row, tail, expect in (
+                ("P15", ["--timeout", "600", "--", "true"], 0),
+                ("P15s", ["--timeout", "0.3", "-k", "5", "--", "sh", "-c",
+                          "sleep 100 & sleep 100"], 124)):
+            plain = [self.py, SUPERVISOR] + tail
+            limited_ms, plain_ms = self.wall_pairs(plain[:2] + limits + tail, plain, expect, expect)
+            diff = median(limited_ms) - median(plain_ms)
+            self.add_row(row, "%s with %s, over without%s" % (
+                "startup -- true" if row == "P15" else "a deadline stop (0.3 s) of 2 processes",
+                named, self.contained(None)), limited_ms, "ms", "diff <= 15 ms", diff, 15.0,
+                yard=plain_ms)
+            self.sweep(row)
+
     def p3_deadline(self):
         progress("P3 deadline -> SIGTERM")
         latencies, woke = [], []
@@ -2222,7 +2251,8 @@ class Bench(object):
         steps = (("P0", self.p0_lean_core), ("P1", self.p1_startup), ("P2", self.p2_exit),
                  ("P3", self.p3_deadline), ("P4", self.p4_stop_file), ("P5", self.p5_idle),
                  ("P6", self.p6_p7_drains), ("P10", self.p10_peak_rss),
-                 ("P14", self.p14_receipt_size), ("P12", self.p12_storm),
+                 ("P14", self.p14_receipt_size), ("P15", self.p15_limits),
+                 ("P12", self.p12_storm),
                  ("P13", self.p13_many_sessions), ("P11", self.p11_crowded_host),
                  ("P9", self.p9_busy_host), ("COV", self.cov_suite))
         for name, step in steps:

@@ -84,6 +84,22 @@ def _cgroup_containment_works():
 
 
 HAS_CGROUP = _cgroup_containment_works()
+
+
+def _cgroup2_mount():
+    """Where the cgroup v2 hierarchy's root is mounted: found, never assumed
+    (/sys/fs/cgroup/unified on a hybrid host like this one, /sys/fs/cgroup on
+    a pure v2 one); a non-existent path where there is none."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            before, _, after = line.partition(" - ")
+            fields = before.split()
+            if after.split()[:1] == ["cgroup2"] and fields[3] == "/":
+                return fields[4]
+    return "/nonexistent/cgroup2"
+
+
+CGROUP_ROOT = _cgroup2_mount()
 needs_cgroup = pytest.mark.skipif(not HAS_CGROUP, reason="needs a writable cgroup v2 hierarchy "
                                   "(root, and grep cgroup2 /proc/self/mountinfo)")
 # What the default containment (auto) is here.

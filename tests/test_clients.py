@@ -241,7 +241,7 @@ def test_the_receipt_lists_what_was_drained(paths):
         assert status == 124, err
         # Everything (the default): the command itself, its group, the setsid one.
         assert [p["name"] for p in receipt["drained"]] == ["sleep"] * 5
-        assert receipt["drained_count"] == 5 and receipt["schema_version"] == 4
+        assert receipt["drained_count"] == 5 and receipt["schema_version"] == 5
         assert set(receipt["drained"][0]) == {"pid", "name"}
     finally:
         kill_all(kept)
@@ -262,7 +262,10 @@ def test_the_receipt_says_what_the_run_cost(paths):
     assert result.returncode == 0, result.stderr
     usage = read_receipt(paths.receipt)["usage"]
     assert set(usage) == {"source", "cpu_user_s", "cpu_system_s", "max_rss_kib",
-                          "memory_peak_kib", "fork_rss_kib"}
+                          "memory_peak_kib", "fork_rss_kib", "cpu_usage_s", "cpu_nr_throttled",
+                          "cpu_throttled_s", "memory_events", "pids_peak", "pids_events_max"}
+    if usage["source"] == "cgroup":  # cpu.stat's own total
+        assert usage["cpu_usage_s"] >= usage["cpu_user_s"] + usage["cpu_system_s"] - 0.01
     assert usage["source"] == ("cgroup" if DEFAULT_CONTAINMENT == "cgroup" else "rusage")
     assert 0.25 <= usage["cpu_user_s"] + usage["cpu_system_s"] < 5
     assert usage["max_rss_kib"] > 1000  # a Python process, the largest single one

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import (
-    HAS_CGROUP, HELPERS, IS_ROOT, PY, ROOT, alive, proc_stat, descendants, finish, heavy, kill_all, kill_pinned,
+    CGROUP_ROOT, HAS_CGROUP, HELPERS, IS_ROOT, PY, ROOT, alive, proc_stat, descendants, finish, heavy, kill_all, kill_pinned,
     read_lines_until, read_receipt, run, run_supervisor, running, spawn, start_supervisor,
     supervisor_below, supervisor_cmd, wait_until,
 )
@@ -97,10 +97,10 @@ def test_a_fake_cgroup_events_is_never_believed(paths, tmp_path):
     """A root command bind-mounts "populated 0" over its cgroup's
     cgroup.events: the empty cgroup it claims is never taken on its word."""
     (tmp_path / "events").write_text("populated 0\nfrozen 0\n")
-    script = ("cg=/sys/fs/cgroup/unified$(grep ^0:: /proc/self/cgroup | cut -d: -f3); "
+    script = ("cg=%s$(grep ^0:: /proc/self/cgroup | cut -d: -f3); "
               "(trap '' TERM; exec sleep 300) & echo $! > member; "
               "mount --bind %s $cg/cgroup.events && echo mounted; exec sleep 300"
-              % (tmp_path / "events"))
+              % (CGROUP_ROOT, tmp_path / "events"))
     status, receipt, member = stop_a_run_that_mounts(paths, "cgroup", script, "member")
     try:
         assert not (receipt["cleanup_confirmed"] and alive(member)), receipt

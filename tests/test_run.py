@@ -31,7 +31,8 @@ RECEIPT_TYPES = {
     "user": (dict, type(None)), "preserved": list, "survivors": list,
     "survivors_count": (int, type(None)),
     "unattributed": list, "drained": list, "drained_count": int,
-    "usage": dict, "error": (str, type(None)),
+    "usage": dict, "limits": (dict, type(None)), "output": (dict, type(None)),
+    "error": (str, type(None)),
 }
 
 
@@ -424,7 +425,7 @@ def test_receipt_has_every_key_with_its_type(paths):
         assert isinstance(receipt[key], types), (key, receipt[key])
     assert receipt["command"] == ["true"]
     assert receipt["workdir"] == str(paths.work)
-    assert receipt["schema_version"] == 4 and receipt["containment"] == DEFAULT_CONTAINMENT
+    assert receipt["schema_version"] == 5 and receipt["containment"] == DEFAULT_CONTAINMENT
     assert receipt["started_at"].endswith("Z") and receipt["ended_at"] >= receipt["started_at"]
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import (
-    HELPERS, IS_ROOT, PY, SUPERVISOR, alive, descendants, finish, kill_pinned, plain_signals,
+    CGROUP_ROOT, HELPERS, IS_ROOT, PY, SUPERVISOR, alive, descendants, finish, kill_pinned, plain_signals,
     proc_stat, read_lines_until, read_receipt, run, run_supervisor, spawn, start_supervisor,
     start_tree, supervisor_cmd, tree_cmd, wait_until,
 )
@@ -380,7 +380,7 @@ def test_nested_supervisors_an_outer_stop_stops_the_inner_cleanly(paths, tmp_pat
     assert outer["containment"] == inner["containment"] == kind
     if kind == "cgroup":  # each makes its cgroup below its own
         assert inner["cgroup"].startswith(outer["cgroup"] + "/")
-        assert not os.path.exists("/sys/fs/cgroup/unified" + outer["cgroup"])
+        assert not os.path.exists(CGROUP_ROOT + outer["cgroup"])
 
 
 def test_nested_supervisors_the_outer_drains_what_a_killed_inner_left(paths, tmp_path,

@@ -1,0 +1,344 @@
+"""Limits on the whole run: memory, processes and CPU time enforced by the
+kernel in the run's cgroup (or refused before anything starts), and the
+output capped by the supervisor anywhere.
+
+The tests marked `in_guest` need a pure cgroup v2 kernel with the memory,
+pids and cpu controllers: they run in the guest tests/test_guest.py boots
+(one boot for the batch), and are skipped elsewhere with that reason. The
+rest run here: on this hybrid host memory and pids are on cgroup v1, so
+those limits are refused; --cpu-time needs only the run's cgroup v2.
+"""
+import os
+import subprocess
+
+import pytest
+
+from conftest import (
+    CGROUP_ROOT, HAS_CGROUP, PY, alive, finish, kill_all, needs_cgroup, read_receipt,
+    run_supervisor, spawn, start_supervisor, supervisor_cmd, wait_until,
+)
+
+IN_GUEST = os.environ.get("TREEREAP_IN_GUEST") == "1"
+in_guest = pytest.mark.skipif(not IN_GUEST, reason="runs in the pure cgroup v2 guest that "
+                              "tests/test_guest.py boots (memory and pids are cgroup v1 here)")
+
+
+def controllers_here():
+    """The controllers a cgroup made beside the supervisor's would have."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            ours = [line.split(":", 2)[2].strip() for line in f if line.startswith("0::")][0]
+        with open(CGROUP_ROOT + ours + "/cgroup.controllers") as f:
+            return f.read().split()
+    except (OSError, IndexError):
+        return []
+
+
+def receipt_of(result, paths):
+    assert os.path.exists(str(paths.receipt)), result.stderr
+    return read_receipt(paths.receipt)
+
+
+# --- Refusals: never a limit silently unenforced ------------------------------------------------
+
+@pytest.mark.parametrize("option, value", [("--memory-max", "64M"), ("--pids-max", "20"),
+                                           ("--cpu-time", "5")])
+def test_a_limit_with_no_cgroup_is_refused_before_anything_starts(paths, option, value):
+    marker = paths.work / "ran"
+    result = run_supervisor(*paths.options() + ["--containment", "proc", option, value, "--",
+                                                "touch", marker])
+    assert result.returncode == 125
+    assert result.stderr.count("\n") == 1 and option in result.stderr, result.stderr
+    assert not marker.exists() and not paths.receipt.exists()
+
+
+@pytest.mark.skipif(not HAS_CGROUP or {"memory", "pids"} <= set(controllers_here()),
+                    reason="needs a cgroup v2 without the memory and pids controllers (as here, "
+                    "where they are on cgroup v1)")
+@pytest.mark.parametrize("option, value, controller", [("--memory-max", "64M", "memory"),
+                                                       ("--pids-max", "20", "pids")])
+def test_a_limit_whose_controller_is_not_in_cgroup_v2_is_refused(paths, option, value,
+                                                                  controller):
+    marker = paths.work / "ran"
+    result = run_supervisor(*paths.options() + [option, value, "--", "touch", marker])
+    assert result.returncode == 125
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert option in result.stderr and "the %s controller" % controller in result.stderr
+    assert not marker.exists() and not paths.receipt.exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--memory-max", "1.5G"], "--memory-max: '1.5G' is not a positive number of bytes"),
+    (["--memory-max", "0"], "--memory-max: '0' is not"),
+    (["--pids-max", "10K"], "--pids-max: '10K' is not a positive number"),
+    (["--cpu-time", "-1"], "--cpu-time: '-1' is not a positive duration"),
+    (["--max-output", "1M"], "--max-output: needs --output FILE"),
+    (["--output", "OUT", "--max-output", "1000"], "--max-output: at least 1K"),
+    (["--output", "OUT", "--max-output", "1M", "--keep-services"],
+     "--max-output: not with --keep-services"),
+])
+def test_limit_options_are_checked(paths, args, words):
+    args = [str(paths.work.parent / "out.log") if a == "OUT" else a for a in args]
+    result = run_supervisor(*paths.options() + args + ["--", "true"])
+    assert result.returncode == 125 and words in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_sizes_read_as_users_of_such_tools_expect():
+    import supervisor
+    for text, size in [("4096", 4096), ("512K", 512 << 10), ("512M", 512 << 20),
+                       ("2G", 2 << 30), ("1GiB", 1 << 30), ("64mb", 64 << 20)]:
+        assert supervisor._parse_size(text, "--memory-max") == size
+
+
+# --- CPU time of the whole tree -----------------------------------------------------------------
+
+BUSY_TREE = ("for i in 1 2 3; do setsid sh -c 'while :; do :; done' & done; "
+             "while :; do :; done")
+
+
+def check_cpu_time_stop(receipt, limit):
+    assert receipt["stop_reason"] == "cpu_time" and receipt["timed_out"] is False, receipt
+    assert receipt["exit_status"] in (124, 137) and receipt["cleanup_confirmed"] is True
+    assert receipt["drained_count"] >= 4  # the command and its three sessions
+    used = receipt["usage"]["cpu_usage_s"]
+    # Spent, then stopped: what it could spend past the limit is bounded by
+    # the time the supervisor takes to read cpu.stat and freeze the run.
+    assert limit <= used < limit + 1.5, receipt["usage"]
+    assert receipt["limits"]["cpu_time_s"] == limit
+
+
+@needs_cgroup
+def test_cpu_time_stops_a_busy_tree_of_several_processes_within_its_bound(paths):
+    result = run_supervisor(*paths.options(timeout=120) + ["--cpu-time", "2", "-v", "--",
+                                                            "sh", "-c", BUSY_TREE])
+    receipt = receipt_of(result, paths)
+    check_cpu_time_stop(receipt, 2.0)
+    assert result.returncode == receipt["exit_status"]
+    assert "the run spent its CPU time (--cpu-time 2s)" in result.stderr
+
+
+@needs_cgroup
+def test_cpu_time_not_spent_lets_the_command_exit(paths):
+    result = run_supervisor(*paths.options() + ["--cpu-time", "60", "--", "sh", "-c", "exit 3"])
+    receipt = receipt_of(result, paths)
+    assert result.returncode == 3 and receipt["stop_reason"] == "exit"
+
+
+# --- Output: the head and the tail, the command never held up -----------------------------------
+
+WRITE_A_GIB = ("import sys; w = sys.stdout.buffer.write; w(b'HEAD\\n'); b = b'x' * (1 << 20)\n"
+               "for i in range(1024): w(b)\n"
+               "w(b'\\nLAST LINE\\n'); sys.stdout.flush(); sys.stderr.write('ON STDERR\\n')")
+
+
+def test_max_output_keeps_the_head_and_the_tail_of_a_gib(paths, containment):
+    kind, options = containment
+    out = paths.work.parent / "out.log"
+    result = run_supervisor(*paths.options(timeout=300) + options + [
+        "--output", out, "--max-output", "1M", "--", PY, "-c", WRITE_A_GIB])
+    receipt = receipt_of(result, paths)
+    assert result.returncode == 0 and receipt["stop_reason"] == "exit", result.stderr
+    data = out.read_bytes()
+    assert len(data) <= 1 << 20
+    seen = len(b"HEAD\n") + (1 << 30) + len(b"\nLAST LINE\n") + len(b"ON STDERR\n")
+    assert receipt["output"] == {"path": str(out), "max_bytes": 1 << 20, "bytes_seen": seen,
+                                 "bytes_kept": len(data), "cut": True, "error": None}
+    assert data.startswith(b"HEAD\nxxxx") and data.endswith(b"xxxx\nLAST LINE\nON STDERR\n")
+    head, marker, tail = data.partition(b"\n[treereap: ")
+    cut = int(tail.split(b" ", 1)[0])
+    assert tail.startswith(b"%d bytes cut here]\n" % cut)
+    kept_tail = len(tail) - len(b"%d bytes cut here]\n" % cut)
+    assert len(head) + cut + kept_tail == seen and len(head) == 1 << 19
+
+
+def test_output_that_fits_is_kept_whole(paths):
+    out = paths.work.parent / "out.log"
+    result = run_supervisor(*paths.options() + [
+        "--output", out, "--max-output", "4K", "--", "sh", "-c", "echo out; echo err >&2"])
+    receipt = receipt_of(result, paths)
+    assert out.read_bytes() == b"out\nerr\n" and result.stdout == "" and result.returncode == 0
+    assert receipt["output"]["cut"] is False and receipt["output"]["bytes_kept"] == 8
+
+
+def test_output_alone_is_the_commands_stdout_and_stderr_uncapped(paths):
+    out = paths.work.parent / "out.log"
+    result = run_supervisor(*paths.options() + [
+        "--output", out, "--preserve-descendants-on-success", "--",
+        "sh", "-c", "head -c 100000 /dev/zero; echo err >&2"])
+    receipt = receipt_of(result, paths)
+    assert result.returncode == 0 and os.path.getsize(str(out)) == 100004
+    assert receipt["output"]["bytes_kept"] == 100004 and receipt["output"]["max_bytes"] is None
+
+
+def test_a_stop_handler_that_writes_much_is_not_held_up_by_the_cap(paths):
+    """The grace is the command's: writing 20 MB from its SIGTERM handler
+    into a 64K cap, it exits by itself, never SIGKILLed, never SIGPIPEd."""
+    out = paths.work.parent / "out.log"
+    script = ("trap 'head -c 20000000 /dev/zero; exit 3' TERM; echo ready; "
+              "while :; do sleep 0.05; done")
+    proc = start_supervisor(*paths.options(timeout=300, cleanup=60) + [
+        "--output", out, "--max-output", "64K", "--", "sh", "-c", script])
+    assert wait_until(lambda: out.exists() and out.read_bytes() == b"ready\n")
+    proc.terminate()
+    finish(proc)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["return_code"] == 3 and receipt["exit_status"] == 143, receipt
+    assert receipt["output"]["bytes_seen"] >= 6 + 20000000  # and what sh says of the sleep
+    assert os.path.getsize(str(out)) <= 64 << 10
+
+
+# --- In the pure cgroup v2 guest: memory and processes ---------------------------------------
+
+def limits_cmd(paths, *args):
+    return supervisor_cmd(*paths.options(timeout=60) + list(args))
+
+
+ALLOCATE = "import time; b = bytearray(%d << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"
+
+
+@in_guest
+def test_memory_max_the_oom_kill_takes_the_whole_run_and_the_supervisor_tells(paths):
+    """Two processes: one sleeps, one allocates past the limit. The kernel
+    kills both (memory.oom.group), the command dies of SIGKILL (137), and
+    the supervisor, outside the limited cgroup, writes the receipt."""
+    script = "sleep 300 & echo $! > sleeper; exec %s -c '%s'" % (PY, ALLOCATE % 256)
+    result = run_supervisor(*paths.options(timeout=120) + ["--memory-max", "64M", "-v", "--",
+                                                           "sh", "-c", script])
+    receipt = receipt_of(result, paths)
+    assert result.returncode == 137 and receipt["exit_status"] == 137, result.stderr
+    assert receipt["stop_reason"] == "memory" and receipt["return_code"] == -9
+    assert receipt["cleanup_confirmed"] is True
+    assert not alive(int((paths.work / "sleeper").read_text()))
+    usage = receipt["usage"]
+    assert usage["memory_events"]["oom_kill"] >= 1 and usage["memory_events"]["max"] >= 1
+    assert usage["memory_peak_kib"] <= 64 * 1024
+    assert receipt["limits"]["memory_max"] == 64 << 20
+    assert receipt["limits"]["set"] == {"memory.max": str(64 << 20), "memory.swap.max": "0",
+                                        "memory.oom.group": "1"}
+    assert "--memory-max" in result.stderr and "OOM" in result.stderr
+
+
+@in_guest
+def test_memory_max_under_the_limit_changes_nothing(paths):
+    result = run_supervisor(*paths.options(timeout=120) + ["--memory-max", "256M", "--", PY,
+                                                           "-c", "b = bytearray(32 << 20)"])
+    receipt = receipt_of(result, paths)
+    assert result.returncode == 0 and receipt["stop_reason"] == "exit"
+    assert receipt["usage"]["memory_events"]["oom_kill"] == 0
+    assert receipt["usage"]["memory_peak_kib"] >= 32 * 1024
+
+
+# Every process forks again, for ever: bounded by construction only by
+# --pids-max (as root, RLIMIT_NPROC does not apply; the guest is throwaway).
+FORK_BOMB = ("import os, time\n"
+             "while True:\n"
+             "    try:\n"
+             "        os.fork()\n"
+             "    except OSError:\n"
+             "        time.sleep(0.05)\n")
+
+
+@in_guest
+def test_pids_max_holds_a_fork_bomb_and_the_deadline_drains_it(paths):
+    result = run_supervisor(*paths.options(timeout=5, cleanup=10) + [
+        "--pids-max", "32", "-v", "--", PY, "-c", FORK_BOMB])
+    receipt = receipt_of(result, paths)
+    assert receipt["stop_reason"] == "timeout" and receipt["cleanup_confirmed"] is True
+    assert result.returncode in (124, 137)
+    usage = receipt["usage"]
+    assert usage["pids_events_max"] >= 1 and usage["pids_peak"] <= 32, usage
+    assert receipt["drained_count"] >= 10 and receipt["limits"]["set"] == {"pids.max": "32"}
+    assert "--pids-max" in result.stderr
+
+
+@in_guest
+def test_cpu_time_in_the_guest_reports_the_throttling_counters(paths):
+    result = run_supervisor(*paths.options(timeout=120) + ["--cpu-time", "1", "--",
+                                                            "sh", "-c", BUSY_TREE])
+    receipt = receipt_of(result, paths)
+    check_cpu_time_stop(receipt, 1.0)
+    assert isinstance(receipt["usage"]["cpu_nr_throttled"], int)
+
+
+def make_cgroup(name, controllers=""):
+    path = os.path.join(CGROUP_ROOT, name)
+    os.mkdir(path)
+    if controllers:
+        with open(path + "/cgroup.subtree_control", "w") as f:
+            f.write(controllers)
+    return path
+
+
+def remove_cgroups(top):
+    for below in sorted((os.path.join(d, n) for d, names, _ in os.walk(top) for n in names),
+                        key=len, reverse=True):
+        os.rmdir(below)
+    os.rmdir(top)
+
+
+def start_in(cgroup, argv):
+    """argv started in the cgroup, alone there: the way a delegated scope or
+    a container's first process starts."""
+    return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup] + argv
+
+
+@in_guest
+def test_alone_in_its_cgroup_the_supervisor_moves_into_a_leaf_and_survives_the_oom(paths):
+    home = make_cgroup("test-home-%d" % os.getpid())
+    try:
+        command = ["sh", "-c", "cat /proc/$PPID/cgroup > sup; exec %s -c '%s'" % (
+            PY, ALLOCATE % 256)]
+        result = subprocess.run(start_in(home, limits_cmd(paths, "--memory-max", "48M", "--")
+                                         + command), universal_newlines=True, timeout=120,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        receipt = receipt_of(result, paths)
+        assert result.returncode == 137 and receipt["stop_reason"] == "memory", result.stderr
+        assert receipt["cleanup_confirmed"] is True
+        relative = home[len(CGROUP_ROOT):]
+        supervisor_at = (paths.work / "sup").read_text().strip().split("::")[1]
+        assert supervisor_at.startswith(relative + "/treereap-"), supervisor_at
+        assert receipt["cgroup"].startswith(relative + "/treereap-")
+        assert supervisor_at != receipt["cgroup"]
+        with open(home + "/cgroup.subtree_control") as f:
+            assert "memory" in f.read().split()
+    finally:
+        remove_cgroups(home)
+
+
+@in_guest
+def test_a_cgroup_shared_with_another_process_cannot_enable_the_limit(paths):
+    home = make_cgroup("test-shared-%d" % os.getpid())
+    other = spawn(start_in(home, ["sleep", "300"]))
+    try:
+        assert wait_until(lambda: open(home + "/cgroup.procs").read().split())
+        marker = paths.work / "ran"
+        result = subprocess.run(start_in(home, limits_cmd(paths, "--pids-max", "9", "--",
+                                                          "touch", str(marker))),
+                                universal_newlines=True, timeout=120, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        assert result.returncode == 125 and "--pids-max" in result.stderr, result.stderr
+        assert "holds processes other than this one" in result.stderr
+        assert not marker.exists() and not paths.receipt.exists()
+        with open(home + "/cgroup.subtree_control") as f:
+            assert f.read().split() == []
+    finally:
+        kill_all([other.pid])
+        other.wait()
+        remove_cgroups(home)
+
+
+@in_guest
+def test_a_controller_not_delegated_is_refused_in_the_guest_too(paths):
+    top = make_cgroup("test-nomemory-%d" % os.getpid(), "+pids")
+    try:
+        home = make_cgroup(os.path.basename(top) + "/job")
+        marker = paths.work / "ran"
+        result = subprocess.run(start_in(home, limits_cmd(paths, "--memory-max", "64M", "--",
+                                                          "touch", str(marker))),
+                                universal_newlines=True, timeout=120, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        assert result.returncode == 125 and "the memory controller" in result.stderr
+        assert not marker.exists()
+    finally:
+        remove_cgroups(top)
