@@ -7,6 +7,7 @@ namespaces, mknod) skip elsewhere; CI runs as root. The unprivileged user is
 `nobody`; pyenv's interpreters live under /root (0700), so what runs as
 nobody runs under an interpreter nobody can execute (NOBODY_PY).
 """
+import atexit
 import json
 import os
 import shlex
@@ -14,6 +15,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -44,6 +46,23 @@ def _python_for_nobody():
 
 
 NOBODY_PY = _python_for_nobody()
+
+
+def _supervisor_for_nobody():
+    """supervisor.py where nobody can read it: this checkout's, or else a
+    copy in a directory of its own, removed when the tests end (a clone
+    under /root, or in a 0700 folder from mktemp -d, is out of its reach)."""
+    if not IS_ROOT or subprocess.call(AS_NOBODY + ["test", "-r", SUPERVISOR]) == 0:
+        return SUPERVISOR
+    directory = tempfile.mkdtemp(prefix="treereap-for-nobody-")
+    atexit.register(shutil.rmtree, directory, True)
+    os.chmod(directory, 0o755)
+    copy = shutil.copy(SUPERVISOR, directory)
+    os.chmod(copy, 0o644)
+    return copy
+
+
+NOBODY_SUPERVISOR = _supervisor_for_nobody()
 
 
 def one_line(stderr, *fragments):
@@ -158,7 +177,7 @@ def test_a_look_that_fails_is_never_an_empty_one(paths):
 @needs_root
 def test_a_proc_with_hidepid_is_refused_when_it_hides_processes(open_dir):
     script = ("mount -t proc -o hidepid=2 proc /proc && exec %s %s %s --timeout 5 --workdir %s "
-              "-- true" % (" ".join(AS_NOBODY), NOBODY_PY, SUPERVISOR, open_dir["work"]))
+              "-- true" % (" ".join(AS_NOBODY), NOBODY_PY, NOBODY_SUPERVISOR, open_dir["work"]))
     result = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                             cwd=open_dir["work"])
     assert result.returncode == 125
@@ -346,7 +365,7 @@ def test_a_receipt_directory_writable_but_not_readable_works(open_dir):
     os.chown(box, NOBODY, NOBODY)
     os.chmod(box, 0o333)  # write and search, no read
     receipt = os.path.join(box, "receipt.json")
-    argv = AS_NOBODY + [NOBODY_PY, SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
+    argv = AS_NOBODY + [NOBODY_PY, NOBODY_SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
                         "--receipt", receipt, "--", "true"]
     result = run(argv, cwd=open_dir["work"])
     assert result.returncode == 0, result.stderr
@@ -475,7 +494,7 @@ def test_a_stop_path_that_cannot_be_looked_at_is_refused(paths, tmp_path):
 def test_a_stop_file_the_supervisor_may_not_look_at_is_refused(open_dir):
     locked = os.path.join(open_dir["top"], "locked")
     os.mkdir(locked, 0o700)  # root's: nobody cannot search it
-    argv = AS_NOBODY + [NOBODY_PY, SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
+    argv = AS_NOBODY + [NOBODY_PY, NOBODY_SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
                         "--stop-file", os.path.join(locked, "stop"), "--", "true"]
     result = run(argv, cwd=open_dir["work"])
     assert result.returncode == 125
@@ -507,7 +526,7 @@ def test_a_refused_fork_names_the_limit_and_leaves_no_directories(open_dir):
     os.chown(box, NOBODY, NOBODY)
     receipt = os.path.join(box, "new", "receipt.json")
     argv = ["prlimit", "--nproc=1:1"] + AS_NOBODY + [
-        NOBODY_PY, SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
+        NOBODY_PY, NOBODY_SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
         "--receipt", receipt, "--", "true"]
     result = run(argv, cwd=open_dir["work"])
     assert result.returncode == 125
@@ -642,7 +661,7 @@ def test_user_accepts_a_receipt_below_a_sticky_directory(open_dir):
 
 @needs_root
 def test_user_needs_the_privilege_to_switch(open_dir):
-    argv = AS_NOBODY + [NOBODY_PY, SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
+    argv = AS_NOBODY + [NOBODY_PY, NOBODY_SUPERVISOR, "--timeout", "5", "--workdir", open_dir["work"],
                         "--user", "root", "--", "true"]
     result = run(argv, cwd=open_dir["work"])
     assert result.returncode == 125
