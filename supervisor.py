@@ -147,6 +147,11 @@ _FREEZE_LIMIT = 0.5
 # A cgroup's maker flocks it right after mkdir; an unlocked one younger than
 # this may be a maker's that did not get that far yet (starved): left alone.
 _LEFTOVER_MIN_AGE = 60.0
+# --summary: at most this much, as a Kubernetes termination message.
+_SUMMARY_LIMIT = 4096
+# The run's cgroup is marked "run" (an xattr): one left by a dead supervisor
+# is ended by the next one; "kept" when its policy kept all of it.
+_RUN_MARK = "trusted.treereap"
 # Waiting for a process the kernel cannot wake us for (no pidfd): 1 ms doubling.
 _EXIT_POLL_FIRST, _EXIT_POLL_MAX = 0.001, 0.1
 # select() keeps deadlines to the microsecond but only for fds below
@@ -163,9 +168,10 @@ _MEMBER_BATCH = 32
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Sizes in binary units, as systemd's MemoryMax= and nsjail read them.
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-# The limits the kernel enforces on the run's cgroup: the plan's keyword,
-# the controller it needs, its option.
-_LIMIT_CONTROLLERS = (("memory_max", "memory", "--memory-max"), ("pids_max", "pids", "--pids-max"))
+# The limits on the run's cgroup: the plan's keyword, the controller it
+# needs (cpu.stat, which --cpu-time reads, needs none), its option.
+_LIMIT_CONTROLLERS = (("memory_max", "memory", "--memory-max"), ("pids_max", "pids", "--pids-max"),
+                      ("cpu_time", None, "--cpu-time"))
 # --cpu-time: the run's CPU is read again when it could be spent at the
 # earliest (every CPU busy), but no sooner than this after the last read.
 _CPU_TIME_MIN_WAKE = 0.05
@@ -195,6 +201,9 @@ _VALID_SIGNALS = sorted(
     # 33 in glibc, also 34 in musl).
     else set(range(1, 32)) | set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1)))
 _FIRST_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# A stop by one of these passes it on to the run as itself, as timeout(1)
+# does (a Ctrl-C is a SIGINT for the command too); any other stop sends -s.
+_PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _STOP_SIGNALS = _FIRST_STOP_SIGNALS + tuple(
     sig for sig in _VALID_SIGNALS
     if sig not in _NOT_STOPPING and sig not in _FIRST_STOP_SIGNALS)
@@ -1433,7 +1442,7 @@ class _ProcContainment(object):
     """
 
     def __init__(self, walker):
-        self.walker = walker
+        self.walker, self.where = walker, "the /proc walk (no cgroup)"
         self.keeping = _KEEP_NOTHING
         self.held = []              # the pins look() took, for stop()
 
@@ -1630,12 +1639,15 @@ class _Cgroup(object):
             return False
 
     def remove_leftovers(self):
-        """Empty cgroups below this one of supervisors that died (SIGKILL)
-        before removing them: rmdir takes only an empty one, so a kept cgroup
-        that still holds what it keeps stays. A live supervisor holds a flock
-        on each cgroup it made: that, not the pid in the name (another PID
-        namespace's, or reused), says whether its maker is alive."""
+        """Cgroups below this one of supervisors that died (SIGKILL) before
+        removing them: a run's (marked so) is ended first, as nobody else
+        would end it; then rmdir, which takes only an empty one, so a kept
+        cgroup that still holds what it keeps stays. A live supervisor holds
+        a flock on each cgroup it made: that, not the pid in the name
+        (another PID namespace's, or reused), says whether its maker is
+        alive. Returns the paths of the runs ended."""
         import fcntl
+        ended = []
         for name in _subdirectories(self.fd):
             if not name.startswith("treereap-"):
                 continue
@@ -1646,11 +1658,21 @@ class _Cgroup(object):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if time.time() - os.fstat(fd).st_mtime >= _LEFTOVER_MIN_AGE:
+                    if _mark_of(fd) == b"run":
+                        ended += self._end_leftover(name)
                     _remove_below(self.fd, name)
             except OSError:
-                pass  # its maker is alive; or not empty, or taken meanwhile
+                pass  # its maker is alive; not a run's (no mark), not empty, or taken
             finally:
                 os.close(fd)
+        return ended
+
+    def _end_leftover(self, name):
+        run = self.child(name)
+        try:
+            return [run.path] if run.populated() and run.end(_now() + _FINAL_PASS_LIMIT) else []
+        finally:
+            run.close()
 
     def close(self):
         for name in ("events_fd", "procs_fd", "fd"):
@@ -1658,6 +1680,14 @@ class _Cgroup(object):
             if fd is not None:
                 setattr(self, name, None)
                 os.close(fd)
+
+
+def _mark_of(fd):
+    """A cgroup's _RUN_MARK, or None (unmarked, or no xattrs there)."""
+    try:
+        return os.getxattr(fd, _RUN_MARK)
+    except OSError:
+        return None
 
 
 def _subdirectories(dir_fd):
@@ -1798,36 +1828,40 @@ def _cgroup_for_run(fs, plan):
         home = _find_cgroup_home(fs)
     except OSError as e:
         raise _cgroup_error(e, e.filename or "cgroup")
-    own = home
+    own = cgroup = None
     try:
-        home.remove_leftovers()
+        ended = home.remove_leftovers()
         own = _enable_controllers(home, plan)
         cgroup = home.make_child()
-    except (OSError, SupervisorError) as e:
-        own.close()
-        home.close()
-        if isinstance(e, SupervisorError):
-            raise
-        raise _cgroup_error(e, "cannot make a cgroup in %s" % home.shown)
-    try:
         for name in ("cgroup.kill", "cgroup.freeze"):
             os.stat(name, dir_fd=cgroup.fd)
         cgroup.procs_fd = _high_fd(cgroup.open("cgroup.procs", os.O_WRONLY))
         cgroup.events()
         limits_set = _set_limits(cgroup, plan)
+        _set_mark(cgroup, b"run")
     except (OSError, SupervisorError) as e:
-        home.remove_child(cgroup)
+        if cgroup is not None:
+            home.remove_child(cgroup)
         for each in (cgroup, own, home):
-            each.close()
+            if each is not None:
+                each.close()
         if isinstance(e, SupervisorError):
             raise
-        raise _cgroup_error(e, "cannot use the cgroup %s (cgroup.kill needs Linux 5.14)"
+        raise _cgroup_error(e, "cannot make a cgroup in %s" % home.shown if cgroup is None else
+                            "cannot use the cgroup %s (cgroup.kill needs Linux 5.14)"
                             % cgroup.shown)
-    return home, own, cgroup, limits_set
+    return home, own, cgroup, limits_set, ended
+
+
+def _set_mark(cgroup, mark):
+    try:
+        os.setxattr(cgroup.fd, _RUN_MARK, mark)
+    except OSError:
+        pass  # (no trusted xattrs here: a leftover run is not ended, never one kept)
 
 
 def _limits_asked(plan):
-    """(option, controller) of each limit the kernel is to enforce."""
+    """(option, controller) of each limit asked for the run's cgroup."""
     return [(option, controller) for key, controller, option in _LIMIT_CONTROLLERS
             if getattr(plan, key) is not None]
 
@@ -1841,14 +1875,14 @@ def _enable_controllers(home, plan):
     own below it (as nsjail and BenchExec do), outside the run's cgroup,
     where its OOM kill cannot reach us; and stay there. Refused, naming the
     option, where it cannot be done: never a limit silently unenforced."""
-    enabled = home.read("cgroup.subtree_control").split()
-    missing = [(o, c) for o, c in _limits_asked(plan) if c.encode() not in enabled]
-    for option, controller in missing:
-        if controller.encode() not in home.read("cgroup.controllers").split():
-            raise SupervisorError(
-                "%s: the %s controller is not available to the cgroup %s (not in its "
-                "cgroup.controllers: on cgroup v1, or not delegated); see the README's Limits"
-                % (option, controller, home.shown))
+    enabled, available = (home.read(name).decode().split() for name in (
+        "cgroup.subtree_control", "cgroup.controllers"))
+    missing = [(o, c) for o, c in _limits_asked(plan) if c and c not in enabled]
+    for option, controller in (m for m in missing if m[1] not in available):
+        raise SupervisorError(
+            "%s: the %s controller is not available to the cgroup %s (not in its "
+            "cgroup.controllers: on cgroup v1, or not delegated); see the README's Limits"
+            % (option, controller, home.shown))
     if not missing:
         return home
     text, own = " ".join("+" + c for _, c in missing), home
@@ -1929,6 +1963,7 @@ class _CgroupContainment(object):
     def __init__(self, home, own, cgroup, walker, limits_set):
         self.home, self.own, self.cgroup, self.walker = home, own, cgroup, walker
         self.fs, self.limits_set = walker.fs, limits_set
+        self.where = "the cgroup %s" % cgroup.shown
         self.kept_cgroup = None
         self.keeping = _KEEP_NOTHING
         self.stopped = set()        # pids of the members seen stopped (T) by look()
@@ -2106,8 +2141,9 @@ class _CgroupContainment(object):
         if not self.removed and not self.cgroup.populated():
             self.removed = self.home.remove_child(self.cgroup)
         kept = self.kept_cgroup
-        if kept is self.cgroup:  # everything kept: the run's own
+        if kept is self.cgroup:  # everything kept: the run's own, no leftover of a dead run
             self.kept_cgroup = None if self.removed else kept
+            _set_mark(kept, b"kept")
         elif kept is not None and not kept.populated() and self.home.remove_child(kept):
             kept.close()
             self.kept_cgroup = None
@@ -2133,32 +2169,29 @@ def _cgroup_usage(cgroup):
     held, reaped or not): its CPU from cpu.stat, with the throttling where
     the cpu controller is on; where the memory and pids controllers are on,
     their peaks and events (memory.events: max, oom, oom_kill)."""
-    stat = _cgroup_counters(cgroup, "cpu.stat")
+    stat, memory, pids, memory_peak, pids_peak = (_cgroup_counters(cgroup, name) for name in (
+        "cpu.stat", "memory.events", "pids.events", "memory.peak", "pids.peak"))
     if stat is None:
         return None
-    memory, pids = _cgroup_counters(cgroup, "memory.events"), _cgroup_counters(cgroup, "pids.events")
-    peaks = [_cgroup_counters(cgroup, name, one=True) for name in ("memory.peak", "pids.peak")]
     throttled = stat.get("throttled_usec")
     return {"source": "cgroup", "cpu_user_s": stat.get("user_usec", 0) / 1e6,
             "cpu_system_s": stat.get("system_usec", 0) / 1e6,
             "cpu_usage_s": stat.get("usage_usec", 0) / 1e6,
             "cpu_nr_throttled": stat.get("nr_throttled"),
             "cpu_throttled_s": throttled / 1e6 if throttled is not None else None,
-            "memory_peak_kib": peaks[0] // 1024 if peaks[0] is not None else None,
+            "memory_peak_kib": memory_peak // 1024 if memory_peak is not None else None,
             "memory_events": dict((key, memory.get(key, 0)) for key in ("max", "oom", "oom_kill"))
             if memory is not None else None,
-            "pids_peak": peaks[1], "pids_events_max": pids.get("max") if pids else None}
+            "pids_peak": pids_peak, "pids_events_max": pids.get("max") if pids else None}
 
 
-def _cgroup_counters(cgroup, name, one=False):
-    """A cgroup file of counters as {key: int} ("key value" lines), or with
-    one, its one number; None where there is no such file (no controller)."""
+def _cgroup_counters(cgroup, name):
+    """A cgroup file of counters as {key: int} ("key value" lines), or its
+    one number; None where there is no such file (no controller)."""
     try:
-        text = cgroup.read(name).decode()
-        if one:
-            return int(text)
-        return dict((key, int(value)) for key, value in (
-            line.split() for line in text.splitlines() if len(line.split()) == 2))
+        words = cgroup.read(name).split()
+        return int(words[0]) if len(words) == 1 else dict(
+            (words[i].decode(), int(words[i + 1])) for i in range(0, len(words) - 1, 2))
     except (OSError, ValueError):
         return None
 
@@ -2599,6 +2632,7 @@ class _Run(object):
         self.fields = {"containment": None, "cgroup": None, "kept_cgroup": None, "usage": None,
                        "limits_set": {}}
         self.output = None              # --output: an _Output
+        self.ctrl_c = None              # at a terminal, while running: a _CtrlC
         self.cgroup_unavailable = None  # why auto did not take a cgroup
         self.terminal = None            # fd 0, when the command was given the terminal
         self.subreaper_before = None
@@ -2631,12 +2665,17 @@ def _wait(run, endtime, fds=(), priority_fds=()):
     watch_fd = run.watch.fd if running and run.watch is not None else None
     report_fd = run.report.fd if running else None
     output_fd = run.output.fd if run.output is not None else None
-    wanted = [fd for fd in (run.catcher.fd, watch_fd, report_fd, output_fd) if fd is not None]
+    ctrl_c_fd = run.ctrl_c.fd if run.ctrl_c is not None else None
+    wanted = [fd for fd in (run.catcher.fd, watch_fd, report_fd, output_fd, ctrl_c_fd)
+              if fd is not None]
     if run.reaper.pending:
         endtime = min(endtime, run.reaper.next_list_reap)
-    _wait_ready(wanted + list(fds), priority_fds, endtime - _now())
+    ready = _wait_ready(wanted + list(fds), priority_fds, endtime - _now())
     if output_fd is not None:
         run.output.pump()
+    if ctrl_c_fd in ready:  # (a SIGINT the caller ignored stays ignored, here too)
+        run.catcher.pending.extend((sig, _now()) for sig in run.ctrl_c.heard()
+                                   if sig not in run.catcher.ignored_by_caller)
     _act_on_signals(run)
 
 
@@ -2737,6 +2776,47 @@ def _command_exited(run):
             pass
     return run.exit_info is not None
 # --- Job control: the terminal, Ctrl-Z, forwarded signals ------------------------------------
+
+class _CtrlC(_HoldsFd):
+    """At a terminal the command's group is the foreground one: Ctrl-C and
+    Ctrl-\\ signal it, not us, and a command that catches SIGINT would run
+    on. So while the run runs a child of ours joins that group to hear them
+    for us: each SIGINT or SIGQUIT it gets is a byte on a pipe, a stop by
+    that signal (passed on, the grace, then SIGKILL: as timeout -k). It
+    ignores every other signal, and is none of the run's."""
+
+    def __init__(self, pgid):
+        self.fd, write_end = _pipe()
+        self.pid = _acquire("fork", os.fork)
+        if self.pid == 0:
+            try:
+                os.setpgid(0, pgid)
+                _set_parent_death_signal(signal.SIGKILL)
+                os.dup2(write_end, 0)
+                os.closerange(1, os.sysconf("SC_OPEN_MAX"))
+                heard = (signal.SIGINT, signal.SIGQUIT)
+                for sig in set(_VALID_SIGNALS) - set(heard + (signal.SIGKILL, signal.SIGSTOP)):
+                    signal.signal(sig, signal.SIG_IGN)
+                signal.pthread_sigmask(signal.SIG_BLOCK, heard)
+                while True:
+                    os.write(0, bytes([signal.sigwait(heard)]))
+            finally:
+                os._exit(0)
+        os.close(write_end)
+
+    def heard(self):
+        said = os.read(self.fd, 64)
+        if not said:  # gone: Ctrl-C is the command's alone again
+            _HoldsFd.close(self)
+        return list(said)
+
+    def close(self):
+        if self.pid is not None:
+            _quietly_signal(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            self.pid = None
+        _HoldsFd.close(self)
+
 
 def _caller_terminal():
     """fd 0 when it is a terminal and we are in its foreground group."""
@@ -2866,18 +2946,19 @@ def _choose_containment(run):
     walker = _Walker(fs, children, run.callers, run.reaper, run.budget, run.record)
     if plan.containment != "proc":
         try:
-            home, own, cgroup, limits_set = _cgroup_for_run(fs, plan)
+            home, own, cgroup, limits_set, ended = _cgroup_for_run(fs, plan)
         except _NoCgroup as e:
             if plan.containment == "cgroup":
                 raise SupervisorError("--containment cgroup: %s; use --containment auto or proc"
                                       % e)
-            asked = [o for o, _ in _limits_asked(plan)] + ["--cpu-time"] * bool(plan.cpu_time)
-            if asked:
+            if _limits_asked(plan):
                 raise SupervisorError("%s: needs a cgroup of the run's own, and there is none "
-                                      "here: %s" % (asked[0], e))
+                                      "here: %s" % (_limits_asked(plan)[0][0], e))
             run.cgroup_unavailable = str(e)
         else:
             run.containment = _CgroupContainment(home, own, cgroup, walker, limits_set)
+            for path in ended:
+                _say(run, "ended %s, a run whose supervisor was killed" % path)
             return
     run.containment = _ProcContainment(walker)
 
@@ -3043,6 +3124,8 @@ def _start_command(run):
     run.report = _ExecReport(read_end)
     if run.terminal is not None:
         _give_terminal(run.terminal, pid)
+        run.ctrl_c = _CtrlC(pid)
+        run.callers.children.add(run.ctrl_c.pid)  # none of the run's: never signalled, reaped
 
 
 def _own_rss_kib(fs):
@@ -3221,6 +3304,8 @@ def _drive(run):
     run.terminal = _caller_terminal() if run.plan.user is None else None
     try:
         _start_command(run)
+        _say(run, "started: pid %d, in %s, deadline %gs" % (
+            run.pid, run.containment.where, run.plan.timeout))
         _enter(run, "running")
         _run_until_stop(run)
         _leave_running(run)
@@ -3259,6 +3344,8 @@ def _drive(run):
 
 
 def _leave_running(run):
+    if run.ctrl_c is not None:
+        run.ctrl_c.close()
     if run.stop_reason is None:
         if run.watch is not None:
             run.watch.last_look(_STOP_FILE_ANSWER)
@@ -3266,9 +3353,15 @@ def _leave_running(run):
 
 
 def _first_signal(run):
-    if not run.plan.stop_signal:
+    if not _run_signal(run):
         return "no signal first (-s 0): the grace, then SIGKILL"
-    return "%s to the run" % _signal_name(run.plan.stop_signal)
+    return "%s to the run" % _signal_name(_run_signal(run))
+
+
+def _run_signal(run):
+    """The first signal of the run's stop: the signal that stopped it, if
+    it is one of _PASSED_ON; else -s."""
+    return run.stop_signal if run.stop_signal in _PASSED_ON else run.plan.stop_signal
 
 
 def _keep_what(run):
@@ -3298,7 +3391,7 @@ def _stop_and_wait(run, endtime):
     at once of a SIGTERM it does not handle: the kernel's fatal-signal
     shortcut), the run let go on, and the grace: until each has exited,
     `endtime`, or a later stop signal asks to hurry."""
-    waiter = run.containment.stop(run.plan.stop_signal, endtime)
+    waiter = run.containment.stop(_run_signal(run), endtime)
     try:
         if not _wait_for(run, waiter, endtime, interruptible=True):
             run.killed = True
@@ -3509,8 +3602,8 @@ def _release(run):
     """Give back what the run took: terminal, fds, signals, subreaper bit.
     Each step is best effort: the receipt no longer depends on it."""
     steps = [lambda: _take_back_terminal(run)]
-    for part in (run.watch, run.report, run.output, run.containment, run.budget, run.fs,
-                 run.catcher):
+    for part in (run.watch, run.report, run.output, run.ctrl_c, run.containment, run.budget,
+                 run.fs, run.catcher):
         if part is not None:
             steps.append(part.close)
     if run.subreaper_before is False:
@@ -3596,7 +3689,7 @@ def _build_receipt(run, ended_wall, ended):
         "timeout_s": run.plan.timeout,
         "cleanup_timeout_s": run.plan.cleanup_timeout,
         "policy": run.plan.policy,
-        "stop_signal": _signal_name(run.plan.stop_signal) if run.plan.stop_signal else None,
+        "stop_signal": _signal_name(_run_signal(run)) if _run_signal(run) else None,
         "stop_reason": run.stop_reason or "exit",
         "signal": _signal_name(run.stop_signal) if run.stop_signal else None,
         "timed_out": run.stop_reason == "timeout",
@@ -3897,6 +3990,8 @@ _OPTIONS = (
      "exit with COMMAND's status even when the run was stopped (125 still wins)"),
     (("-v", "--verbose"), "verbose", "flag", False, True,
      "say on stderr when the run is stopped, when SIGKILL was needed, and how it ended"),
+    (("--summary",), "summary", "path", None, False, "PATH also write a summary there, "
+     "at most 4 KiB of text, in place (a bind-mounted /dev/termination-log)"),
     (("--new-session",), "new_session", "flag", False, False, "leave the caller's session "
      "first, so that a kill of the caller's process group cannot stop the drain"),
     (("--end-kept",), "end_kept", "path", None, False, "RECEIPT end (SIGKILL) what that "
@@ -4046,10 +4141,9 @@ def _check_limits(plan):
             raise UsageError("--max-output: not with --%s: what is kept would write to a pipe "
                              "nobody reads once the run is over; use --output alone"
                              % plan.policy)
-    asked = [o for o, _ in _limits_asked(plan)] + ["--cpu-time"] * bool(plan.cpu_time)
-    if asked and plan.containment == "proc":
+    if _limits_asked(plan) and plan.containment == "proc":
         raise UsageError("%s: needs a cgroup of the run's own; drop --containment proc"
-                         % asked[0])
+                         % _limits_asked(plan)[0][0])
 
 
 def _check_seconds(value, name):
@@ -4119,8 +4213,9 @@ def _receipt_target(path, fence):
                          % (path, fence, _os_error_text(e)))
     if inside:
         target.close()
-        raise UsageError("--receipt: %s lands in %s, inside the workdir %s; put the "
-                         "receipt outside it" % (path, target.directory, fence))
+        raise UsageError("--receipt: %s lands in %s, inside the workdir %s (--workdir DIR; "
+                         "without it, the current directory); put the receipt outside it"
+                         % (path, target.directory, fence))
     return target
 
 
@@ -4516,7 +4611,7 @@ def _parse_args(argv):
     defaults for the rest; the command). Options as timeout(1) takes them:
     --name VALUE, --name=VALUE, -k VALUE, -kVALUE; the command after -- or
     from the first argument that is not an option."""
-    values, policy_flag, command, i = {}, None, [], 0
+    values, policy_flag, command, i, argv = {}, None, [], 0, list(argv)
     while i < len(argv):
         arg = argv[i]
         if arg == "--" or not arg.startswith("-") or arg == "-":
@@ -4535,8 +4630,10 @@ def _parse_args(argv):
             raise UsageError("%s: given twice%s; give it once" % (
                 name, " (%s are one option)" % ", ".join(flags) if len(flags) > 1 else ""))
         if not _takes_value(row):
-            if has_value:
+            if has_value and name.startswith("--"):
                 raise UsageError("%s takes no value" % name)
+            if has_value:  # short options bundled as getopt takes them: -vs INT, -vk5
+                argv[i:i + 1] = [name, "-" + value]
             if kind is POLICIES:
                 if policy_flag is not None and values["policy"] != default:
                     raise UsageError("%s and %s: choose one policy" % (policy_flag, name))
@@ -4572,11 +4669,12 @@ def _split_option(arg):
     return name, bool(has_value), value
 
 
-def _receipt_path_in(argv):
-    """The --receipt path in argv, found however the rest is malformed (a
-    refusal must remove the earlier receipt too, see main), and only among
-    the supervisor's own options: the command's arguments start where
-    _parse_args starts them, and a --receipt there belongs to the command."""
+def _path_in(argv, option="--receipt"):
+    """The path given to option in argv, found however the rest is
+    malformed (a refusal must remove the earlier receipt too, and write the
+    summary: see main), and only among the supervisor's own options: the
+    command's arguments start where _parse_args starts them, and a
+    --receipt there belongs to the command."""
     found, i = None, 0
     while i < len(argv) and argv[i] != "--" and argv[i].startswith("-") and argv[i] != "-":
         name, has_value, value = _split_option(argv[i])
@@ -4584,7 +4682,7 @@ def _receipt_path_in(argv):
         if row is not None and _takes_value(row) and not has_value:
             i += 1
             value = argv[i] if i < len(argv) else None
-        if name == "--receipt":
+        if name == option:
             found = value
         i += 1
     return found or None
@@ -4641,6 +4739,7 @@ def main(argv=None):
             return 0
         _require_linux()
         new_session, kept = values.pop("new_session"), values.pop("end_kept")
+        summary = values.pop("summary")
         if kept is not None:
             return _end_kept(kept, values["cleanup_timeout"])
         plan, target = _checked_plan(command, values)
@@ -4670,6 +4769,10 @@ def main(argv=None):
         _complain("the stop file %s is there: the command was not started" % plan.stop_path)
     elif plan.verbose:
         _complain(_outcome(run, receipt, status))
+    _write_summary(summary, "\n".join(line for line in (
+        _outcome(run, receipt, status), receipt["error"], None if receipt["cleanup_confirmed"]
+        else _unconfirmed_message(receipt), "receipt: %s" % (
+            "none: " + _os_error_text(lost) if lost else plan.receipt or "none")) if line))
     return status
 
 
@@ -4679,11 +4782,29 @@ def _refuse(message, target, argv):
     not a partial one."""
     if target is not None:
         target.close()
-    left = _remove_stale_at(_receipt_path_in(argv))
+    left = _remove_stale_at(_path_in(argv))
     if left and not message.startswith("--receipt"):
         message += "; " + left
     _complain(message)
+    _write_summary(_path_in(argv, "--summary"), "refused, exit status 125: %s" % message)
     return EXIT_FAILURE
+
+
+def _write_summary(path, text):
+    """--summary: text, cut to 4 KiB (a Kubernetes termination message), in
+    place: an atomic rename cannot replace a bind-mounted file. Never
+    through a symlink; a failure is one line, and changes no status."""
+    if path is None:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        try:
+            os.write(fd, (text.rstrip("\n") + "\n").encode("utf-8", "replace")[:_SUMMARY_LIMIT])
+        finally:
+            os.close(fd)
+    except OSError as e:
+        _complain("--summary: cannot write %s: %s" % (path, _os_error_text(e)))
 
 
 def _end_kept(path, cleanup_timeout):
@@ -4704,29 +4825,30 @@ def _end_kept(path, cleanup_timeout):
 
 def _outcome(run, receipt, status):
     """-v's closing line: how the run ended, what the cleanup did."""
-    kept = ", ".join("%d %s" % (p["pid"], p["name"]) for p in receipt["preserved"][:5])
-    return "done: %s, exit status %d, %d drained%s, %d kept%s, cleanup %s%s" % (
-        receipt["stop_reason"] if receipt["signal"] is None else receipt["signal"], status,
-        receipt["drained_count"], " (SIGKILL was needed)" if run.killed else "",
-        len(receipt["preserved"]), " (%s)" % kept if kept else "",
-        "confirmed" if receipt["cleanup_confirmed"] else "NOT confirmed",
-        "".join("; " + hit for hit in _limits_hit(receipt)))
+    def some(entries, count):
+        names = ", ".join("%d %s" % (p["pid"], p["name"]) for p in entries[:5])
+        return " (%s%s)" % (names, ", ..." if count > 5 else "") if names else ""
+    return "done: %s, exit status %d in %.1fs (cleanup %.1fs), %d drained%s%s, %d kept%s, " \
+        "cleanup %s%s" % (
+            receipt["stop_reason"] if receipt["signal"] is None else receipt["signal"], status,
+            receipt["duration_s"], receipt["cleanup_s"], receipt["drained_count"],
+            some(receipt["drained"], receipt["drained_count"]),
+            " (SIGKILL was needed)" if run.killed else "", len(receipt["preserved"]),
+            some(receipt["preserved"], len(receipt["preserved"])),
+            "confirmed" if receipt["cleanup_confirmed"] else "NOT confirmed",
+            "".join("; " + hit for hit in _limits_hit(receipt)))
 
 
 def _limits_hit(receipt):
     """-v: each limit the run reached, named."""
-    usage, limits, output = receipt["usage"], receipt["limits"] or {}, receipt["output"] or {}
-    hit = []
-    if (usage["memory_events"] or {}).get("oom_kill"):
-        hit.append("--memory-max %d reached: the kernel's OOM killer ended the run"
-                   % limits["memory_max"])
-    if usage["pids_events_max"]:
-        hit.append("--pids-max %d reached: %d fork(s) failed" % (
-            limits["pids_max"], usage["pids_events_max"]))
-    if output.get("cut"):
-        hit.append("--max-output: %d of %d bytes kept in %s" % (
-            output["bytes_kept"], output["bytes_seen"], output["path"]))
-    return hit
+    usage, output = receipt["usage"], receipt["output"] or {}
+    return [text for hit, text in (
+        ((usage["memory_events"] or {}).get("oom_kill"), "--memory-max reached: the kernel's "
+         "OOM killer ended the run"),
+        (usage["pids_events_max"], "--pids-max reached: %s fork(s) failed"
+         % usage["pids_events_max"]),
+        (output.get("cut"), "--max-output: %s of %s bytes kept" % (
+            output.get("bytes_kept"), output.get("bytes_seen")))) if hit]
 
 
 def _unconfirmed_message(receipt):

@@ -107,6 +107,40 @@ def test_receipt_inside_the_workdir_is_refused(sandbox):
     refused(sandbox, good(sandbox, **{"--receipt": inside}), must_name="--receipt")
 
 
+def test_an_unknown_short_option_in_a_bundle_is_named(sandbox):
+    refused(sandbox, ["-vx"] + good(sandbox), must_name="unknown option -x")
+
+
+def test_a_receipt_in_the_current_directory_names_the_default_workdir(sandbox):
+    """No --workdir given: the refusal says the workdir is the current
+    directory, and how to choose another."""
+    result = run_supervisor("--timeout", "5", "--receipt", "r.json", "--", "true",
+                            cwd=str(sandbox["work"]))
+    assert result.returncode == 125 and not (sandbox["work"] / "r.json").exists()
+    assert "without it, the current directory" in result.stderr and "--workdir" in result.stderr
+
+
+@pytest.mark.parametrize("bundle", [["-vs", "INT"], ["-vsINT"], ["-vk", "3"], ["-vk3"]])
+def test_short_options_bundle_as_getopt_takes_them(sandbox, bundle):
+    result = run_supervisor(*bundle + good(sandbox))
+    assert result.returncode == 0, result.stderr
+    receipt = read_receipt(sandbox["receipt"])
+    assert receipt["stop_signal"] == ("SIGINT" if "s" in bundle[0] else "SIGTERM")
+    assert receipt["cleanup_timeout_s"] == (3.0 if "k" in bundle[0] else 10.0)
+    assert "started: pid %d" % receipt["pid"] in result.stderr  # -v took effect
+
+
+def test_verbose_says_when_it_starts_what_it_drained_and_how_long(sandbox):
+    result = run_supervisor("-v", "--timeout", "0.5", "--workdir", sandbox["work"], "--",
+                            "sh", "-c", "sleep 30 & exec sleep 30")
+    assert result.returncode == 124
+    first, *_, last = result.stderr.splitlines()
+    assert first.startswith("supervisor.py: started: pid ") and "deadline 0.5s" in first
+    assert " in the cgroup " in first or " in the /proc walk" in first
+    assert "exit status 124 in " in last and "(cleanup " in last
+    assert "2 drained (" in last and " sleep, " in last, last
+
+
 def test_receipt_inside_the_workdir_through_a_symlink_is_refused(sandbox):
     link = sandbox["top"] / "innocent"
     link.symlink_to(sandbox["work"])

@@ -162,7 +162,8 @@ def test_verbose_says_when_the_run_is_stopped_and_how_it_ended(paths):
     kept = receipt["preserved"][0]["pid"]
     try:
         assert status == 124
-        lines = err.splitlines()
+        started, *lines = err.splitlines()
+        assert started.startswith("supervisor.py: started: pid %d, in " % receipt["pid"])
         # A line when the grace runs out (SIGKILL needed): a loaded machine may get there.
         assert len(lines) == 2 or (len(lines) == 3 and "SIGKILL" in lines[1]), err
         assert lines[0].startswith("supervisor.py: stopping the run: the stop file")
@@ -372,3 +373,43 @@ def test_pip_install_beside_supervisord(tmp_path):
     result = run([venv / "bin" / "treereap", "--timeout", "5", "--", "sh", "-c", "exit 7"],
                  cwd=str(tmp_path))
     assert result.returncode == 7
+
+
+# --- Kubernetes: a summary as the termination message -------------------------------------------
+
+def test_the_summary_says_how_the_run_ended_and_where_the_receipt_is(paths, tmp_path):
+    summary = tmp_path / "summary"
+    result = run_supervisor(*paths.options(timeout=0.5) + [
+        "--summary", summary, "--", "sh", "-c", "sleep 30 & exec sleep 30"])
+    assert result.returncode == 124 and result.stderr == ""
+    lines = summary.read_text().splitlines()
+    assert lines[0].startswith("done: timeout, exit status 124 in ") and "2 drained" in lines[0]
+    assert "cleanup confirmed" in lines[0] and lines[-1] == "receipt: %s" % paths.receipt
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a bind mount, in a mount namespace)")
+def test_the_summary_goes_into_a_bind_mounted_file_at_most_4_kib(paths, tmp_path):
+    """As Kubernetes mounts /dev/termination-log: written in place (a rename
+    cannot replace a mount point), cut to 4 KiB. A refusal writes one too."""
+    source, log = tmp_path / "termination-log", tmp_path / "dev-termination-log"
+    source.write_text("")
+    log.write_text("")
+    long_name = "no-such-command-" + "x" * 5000
+    script = 'mount --bind "$0" "$1" && shift && exec "$@"'
+    base = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, source, log]
+    result = run(base + supervisor_cmd(*paths.options() + ["--summary", log, "--", long_name]))
+    assert result.returncode == 126, result.stderr[:200]  # (ENAMETOOLONG: cannot execute)
+    text = source.read_bytes()
+    assert len(text) == 4096 and text.startswith(b"done: exit, exit status 126")
+    result = run(base + supervisor_cmd("--timeout", "x", "--summary", log, "--", "true"))
+    assert result.returncode == 125
+    assert source.read_text().startswith("refused, exit status 125: --timeout: 'x'")
+
+
+def test_a_symlink_at_the_summary_path_is_not_followed(paths, tmp_path):
+    target, link = tmp_path / "target", tmp_path / "summary"
+    target.write_text("untouched")
+    link.symlink_to(target)
+    result = run_supervisor(*paths.options() + ["--summary", link, "--", "true"])
+    assert result.returncode == 0 and "--summary: cannot write" in result.stderr
+    assert target.read_text() == "untouched"

@@ -9,6 +9,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -422,3 +423,53 @@ def test_a_threaded_cgroup_below_the_runs_changes_nothing(paths):
     receipt = read_receipt(paths.receipt)
     assert receipt["cleanup_confirmed"] is True and receipt["error"] is None
     assert not os.path.exists(cgroup_dir(receipt["cgroup"]))
+
+
+def make_old(path):
+    """A leftover cgroup counts as a dead supervisor's once a minute old."""
+    then = time.time() - 120
+    os.utime(path, (then, then))
+
+
+@needs_cgroup
+def test_a_run_left_by_a_killed_supervisor_is_ended_by_the_next_one(paths):
+    """SIGKILL the supervisor: its run lives on in its cgroup (a child in a
+    session of its own, past PR_SET_PDEATHSIG). The next supervisor started
+    in the same cgroup ends it, once a minute old, and says so with -v."""
+    proc = start_supervisor(*paths.options(timeout=300) + CGROUP + [
+        "--", "sh", "-c", "setsid sleep 300 & echo $!; exec sleep 300"])
+    orphan = int(read_lines(proc.stdout, 1)[0])
+    with open("/proc/%d/cgroup" % orphan) as f:
+        left = f.read().split("::")[1].strip()
+    try:
+        proc.kill()
+        proc.wait()
+        assert alive(orphan) and os.path.isdir(cgroup_dir(left))
+        make_old(cgroup_dir(left))
+        result = run_supervisor("-v", "--timeout", "5", "--", "true", cwd="/")
+        assert result.returncode == 0, result.stderr
+        assert "ended %s, a run whose supervisor was killed" % left in result.stderr
+        assert wait_until(lambda: not alive(orphan))
+        assert not os.path.exists(cgroup_dir(left))
+    finally:
+        kill_all([orphan])
+
+
+@needs_cgroup
+def test_what_a_policy_kept_is_never_taken_for_a_killed_supervisors_run(paths):
+    proc = start_supervisor(*paths.options() + CGROUP + [
+        "--preserve-descendants-on-success", "--", "sh", "-c",
+        "setsid sleep 300 & echo $!; exit 0"])
+    kept = int(read_lines(proc.stdout, 1)[0])
+    status, _, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    try:
+        assert status == 0 and receipt["kept_cgroup"] == receipt["cgroup"], err
+        make_old(cgroup_dir(receipt["kept_cgroup"]))
+        result = run_supervisor("-v", "--timeout", "5", "--", "true", cwd="/")
+        assert result.returncode == 0 and "ended" not in result.stderr, result.stderr
+        assert alive(kept) and os.path.isdir(cgroup_dir(receipt["kept_cgroup"]))
+    finally:
+        ended = run_supervisor("--end-kept", paths.receipt, "-k", "5")
+        assert ended.returncode == 0, ended.stderr
+        assert not alive(kept)

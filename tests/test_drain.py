@@ -512,7 +512,7 @@ def test_without_pidfds_the_walk_still_drains_and_confirms(paths):
     proc, nodes = start_tree(spec, *paths.options(cleanup=5) + ["-v"],
                              python=[PY, os.path.join(HELPERS, "no_pidfd.py"), PY])
     proc.send_signal(signal.SIGTERM)
-    assert "stopping the run" in read_lines(proc.stderr, 1)[0]
+    assert "stopping the run" in read_lines(proc.stderr, 2)[1]  # after -v's "started"
     time.sleep(0.3)  # past the 0.25 s of one request: the next SIGTERM is a second one
     proc.send_signal(signal.SIGTERM)  # no grace to wait out: SIGKILL, and the drain at once
     status, _, err = finish(proc)

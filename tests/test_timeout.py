@@ -150,6 +150,22 @@ def test_the_command_gets_the_stop_signal_when_the_supervisor_is_killed(tmp_path
     assert wait_until((tmp_path / "sig.received").exists)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
+def test_a_stop_signal_reaches_the_command_as_itself(tmp_path, sig):
+    """As timeout(1) passes it on: SIGTERM, SIGINT, SIGHUP and SIGQUIT sent
+    to the supervisor are the command's first signal, whatever -s says (KILL
+    here: the deadline's)."""
+    script = ("for s in TERM INT HUP QUIT; do trap \"echo $s > got; exit 5\" $s; done; "
+              "echo > running; while :; do sleep 0.1; done")
+    proc = spawn(timeout("-sKILL", "25", "sh", "-c", script), cwd=str(tmp_path),
+                 preexec_fn=plain_signals())
+    assert wait_until((tmp_path / "running").exists)
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    assert proc.returncode == 128 + sig
+    assert (tmp_path / "got").read_text().strip() == signal.Signals(sig).name[3:]
+
+
 def test_sigalrm_to_the_supervisor_is_a_stop_by_that_signal(tmp_path):
     """DIFFERENT: timeout(1) takes SIGALRM for its own timer (124); here it is
     a stop by signal (142). Nested as in coreutils' test, the command is

@@ -247,8 +247,33 @@ def test_ctrl_c_on_the_terminal_ends_the_command(paths):
     finally:
         os.close(master)
     receipt = read_receipt(paths.receipt)
-    assert receipt["return_code"] == -signal.SIGINT and receipt["stop_reason"] == "exit"
-    assert receipt["cleanup_confirmed"] is True
+    assert receipt["return_code"] == -signal.SIGINT and receipt["cleanup_confirmed"] is True
+    # The command's death, or the Ctrl-C the supervisor heard too: either is first.
+    assert (receipt["stop_reason"], receipt["signal"]) in (("exit", None), ("signal", "SIGINT"))
+    assert not alive(int((paths.work / "member").read_text()))
+
+
+@pytest.mark.parametrize("key, sig", [(b"\x03", signal.SIGINT), (b"\x1c", signal.SIGQUIT)])
+def test_ctrl_c_stops_a_command_that_catches_it_as_timeout_k_would(paths, key, sig):
+    """The terminal's Ctrl-C (Ctrl-\\) goes to the command's group, which
+    holds the terminal: a command that catches it runs on, unless the
+    supervisor hears it too. It gets its signal, then the grace (-k 1), then
+    SIGKILL; what it started is drained."""
+    script = ("trap 'echo caught' INT QUIT; sleep 300 & echo $! > %s/member; echo ready; "
+              "while :; do sleep 0.1; done" % paths.work)
+    proc, master = spawn_in_pty(supervisor_cmd(*paths.options(timeout=120, cleanup=1) + [
+        "--", "sh", "-c", script]))
+    try:
+        read_pty_until(master, "ready")
+        os.write(master, key)
+        read_pty_until(master, "caught")
+        assert proc.wait(timeout=60) == 137
+    finally:
+        os.close(master)
+    receipt = read_receipt(paths.receipt)
+    assert (receipt["stop_reason"], receipt["signal"]) == ("signal", signal.Signals(sig).name)
+    assert receipt["stop_signal"] == signal.Signals(sig).name
+    assert receipt["cleanup_confirmed"] is True and receipt["return_code"] == -signal.SIGKILL
     assert not alive(int((paths.work / "member").read_text()))
 
 
