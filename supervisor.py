@@ -43,7 +43,7 @@ The file, top to bottom (section: its entry points):
     --user                _User, _check_user_may_not_replace
     the run               _Plan, _Run, _enter (the state), _wait, _SIGNAL_ACTIONS
     the phases            _prepare, _drive (the driver), _start_command, _Output, _drain, _finish
-    the receipt           _build_receipt, _json, _ReceiptTarget
+    the receipt           _build_receipt, _ReceiptTarget
     the API               supervise, exec_timeout, write_receipt, end_kept, parse_duration
     the command line      _OPTIONS (the one table of options), _parse_args, main
 """
@@ -1658,7 +1658,7 @@ class _Cgroup(object):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if time.time() - os.fstat(fd).st_mtime >= _LEFTOVER_MIN_AGE:
-                    if _mark_of(fd) == b"run":
+                    if _mark(fd) == b"run":
                         ended += self._end_leftover(name)
                     _remove_below(self.fd, name)
             except OSError:
@@ -1682,10 +1682,12 @@ class _Cgroup(object):
                 os.close(fd)
 
 
-def _mark_of(fd):
-    """A cgroup's _RUN_MARK, or None (unmarked, or no xattrs there)."""
+def _mark(fd, value=None):
+    """Set a cgroup's _RUN_MARK to value, or read it: None when unmarked, or
+    where there are no trusted xattrs (a leftover run is then not ended,
+    never one kept)."""
     try:
-        return os.getxattr(fd, _RUN_MARK)
+        return os.setxattr(fd, _RUN_MARK, value) if value else os.getxattr(fd, _RUN_MARK)
     except OSError:
         return None
 
@@ -1831,14 +1833,14 @@ def _cgroup_for_run(fs, plan):
     own = cgroup = None
     try:
         ended = home.remove_leftovers()
-        own = _enable_controllers(home, plan)
+        home, own = _enable_controllers(fs, home, plan)
         cgroup = home.make_child()
         for name in ("cgroup.kill", "cgroup.freeze"):
             os.stat(name, dir_fd=cgroup.fd)
         cgroup.procs_fd = _high_fd(cgroup.open("cgroup.procs", os.O_WRONLY))
         cgroup.events()
         limits_set = _set_limits(cgroup, plan)
-        _set_mark(cgroup, b"run")
+        _mark(cgroup.fd, b"run")
     except (OSError, SupervisorError) as e:
         if cgroup is not None:
             home.remove_child(cgroup)
@@ -1853,12 +1855,6 @@ def _cgroup_for_run(fs, plan):
     return home, own, cgroup, limits_set, ended
 
 
-def _set_mark(cgroup, mark):
-    try:
-        os.setxattr(cgroup.fd, _RUN_MARK, mark)
-    except OSError:
-        pass  # (no trusted xattrs here: a leftover run is not ended, never one kept)
-
 
 def _limits_asked(plan):
     """(option, controller) of each limit asked for the run's cgroup."""
@@ -1866,15 +1862,17 @@ def _limits_asked(plan):
             if getattr(plan, key) is not None]
 
 
-def _enable_controllers(home, plan):
-    """The controllers the limits need, enabled for the cgroups below ours;
-    returns the cgroup we stay in. Below the root, a cgroup that enables
-    controllers for its children must hold no process (for memory the
-    kernel refuses it; for pids and cpu, threaded controllers, it would
-    make the run's cgroup unusable): so we move first into a leaf of our
-    own below it (as nsjail and BenchExec do), outside the run's cgroup,
-    where its OOM kill cannot reach us; and stay there. Refused, naming the
-    option, where it cannot be done: never a limit silently unenforced."""
+def _enable_controllers(fs, home, plan):
+    """The controllers the limits need, enabled for the cgroups below ours.
+    Below the root, a cgroup that enables controllers for its children must
+    hold no process (for memory the kernel refuses it; for pids and cpu,
+    threaded controllers, it would make the run's cgroup unusable): so we
+    move first into a leaf of our own below it (as nsjail and BenchExec
+    do), outside the run's cgroup, where its OOM kill cannot reach us; and
+    stay there. Refused, naming the option, where it cannot be done: never
+    a limit silently unenforced.
+    Returns (the cgroup the run's is made in, the one we stay in): a leaf an
+    earlier run left us in (a supervise() caller's) serves again."""
     enabled, available = (home.read(name).decode().split() for name in (
         "cgroup.subtree_control", "cgroup.controllers"))
     missing = [(o, c) for o, c in _limits_asked(plan) if c and c not in enabled]
@@ -1884,38 +1882,43 @@ def _enable_controllers(home, plan):
             "cgroup.controllers: on cgroup v1, or not delegated); see the README's Limits"
             % (option, controller, home.shown))
     if not missing:
-        return home
+        return home, home
+    if home.path.endswith(".supervisor") and home.procs() == [os.getpid()]:
+        return _open_home(fs, home.mount_point, home.path.rsplit("/", 1)[0] or "/", False), home
     text, own = " ".join("+" + c for _, c in missing), home
+    # We move, and the relay --new-session left in the caller's session (ours).
+    movers = [os.getpid()] + [plan.stop_with_parent] * bool(getattr(plan, "relay", False))
     try:
         if not home.is_root():
-            own = home.make_child()
-            own.write("cgroup.procs", str(os.getpid()))
+            own = home.make_child("treereap-%d-%s.supervisor" % (os.getpid(), os.urandom(4).hex()))
+            for pid in movers:
+                own.write("cgroup.procs", str(pid))
             if home.read("cgroup.procs").split():
                 raise OSError(errno.EBUSY, "busy")
         home.write("cgroup.subtree_control", text)
     except OSError as e:
         if own is not home:
-            home.write("cgroup.procs", str(os.getpid()))
-            home.remove_child(own)
-            own.close()
+            try:
+                for pid in movers:
+                    home.write("cgroup.procs", str(pid))
+            finally:
+                home.remove_child(own)
+                own.close()
         raise SupervisorError("%s: cannot enable the %s controller below the cgroup %s: %s" % (
             missing[0][0], missing[0][1], home.shown, "it holds processes other than this one; "
             "start the supervisor in a cgroup of its own (see the README's Limits)"
             if e.errno == errno.EBUSY else e.strerror))
-    return own
+    return home, own
 
 
 def _set_limits(cgroup, plan):
     """Each limit into the run's cgroup, before anything joins it; returns
     what the kernel set ({file: its text read back}). memory: swap none (the
     limit is all the run may have), and an OOM kill takes the whole run."""
-    wanted = []
-    if plan.memory_max is not None:
-        wanted = [("memory.max", plan.memory_max), ("memory.swap.max", 0), ("memory.oom.group", 1)]
-    if plan.pids_max is not None:
-        wanted.append(("pids.max", plan.pids_max))
     limits_set = {}
-    for name, value in wanted:
+    for name, value in [("memory.max", plan.memory_max), ("memory.swap.max", 0),
+                        ("memory.oom.group", 1)] * (plan.memory_max is not None) + [
+                            ("pids.max", plan.pids_max)] * (plan.pids_max is not None):
         try:
             cgroup.write(name, str(value))
             limits_set[name] = cgroup.read(name).decode().strip()
@@ -2143,7 +2146,7 @@ class _CgroupContainment(object):
         kept = self.kept_cgroup
         if kept is self.cgroup:  # everything kept: the run's own, no leftover of a dead run
             self.kept_cgroup = None if self.removed else kept
-            _set_mark(kept, b"kept")
+            _mark(kept.fd, b"kept")
         elif kept is not None and not kept.populated() and self.home.remove_child(kept):
             kept.close()
             self.kept_cgroup = None
@@ -2633,6 +2636,7 @@ class _Run(object):
                        "limits_set": {}}
         self.output = None              # --output: an _Output
         self.ctrl_c = None              # at a terminal, while running: a _CtrlC
+        self.cpu_check_at = 0.0 if plan.cpu_time else float("inf")  # --cpu-time: the next read
         self.cgroup_unavailable = None  # why auto did not take a cgroup
         self.terminal = None            # fd 0, when the command was given the terminal
         self.subreaper_before = None
@@ -2925,11 +2929,7 @@ def _prepare(run):
         run.watch = _StopFileWatch(run.plan.stop_path)
         run.callers.children.add(run.watch.pid)  # none of the run's: never signalled, kept, reaped
     if run.plan.output is not None:
-        try:
-            run.output = _Output(run.plan.output, run.plan.max_output)
-        except OSError as e:
-            raise SupervisorError("--output: cannot write %s: %s" % (
-                run.plan.output, _os_error_text(e)))
+        run.output = _Output(run.plan.output, run.plan.max_output)
 
 
 def _choose_containment(run):
@@ -3005,25 +3005,36 @@ class _Output(object):
     and never gets SIGPIPE while the run lasts): FILE gets the first half of
     the cap as it comes, a ring (an unlinked file beside FILE) the last
     bytes; at the end, a marker where bytes were cut, then the tail. FILE
-    never grows past the cap."""
+    never grows past the cap. A regular file only (a FIFO would block us)."""
 
     def __init__(self, path, cap):
-        self.path, self.cap, self.seen, self.error, self.fd = path, cap, 0, None, None
-        self.file = _high_fd(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                                     | os.O_CLOEXEC, 0o644))
-        self.for_command = self.file
-        if cap is not None:
-            import fcntl
-            import tempfile
-            self.ring = tempfile.TemporaryFile(dir=os.path.dirname(path))
-            self.head_size = cap // 2
-            self.ring_size = cap - self.head_size
-            self.fd, self.for_command = _pipe()
-            os.set_blocking(self.fd, False)
-            try:
-                fcntl.fcntl(self.fd, _F_SETPIPE_SZ, 1 << 20)  # fewer, larger reads
-            except OSError:
-                pass  # over /proc/sys/fs/pipe-max-size: the default will do
+        self.path, self.cap, self.seen, self.error = path, cap, 0, None
+        self.fd = self.ring = self.file = self.for_command = None
+        try:
+            self.file = self.for_command = _high_fd(os.open(path, os.O_WRONLY | os.O_CREAT
+                                                            | os.O_TRUNC | os.O_NONBLOCK
+                                                            | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+            if os.fstat(self.file).st_mode & 0o170000 != 0o100000:
+                raise OSError(errno.EINVAL, "not a regular file", path)
+            os.set_blocking(self.file, True)
+            if cap is not None:
+                import fcntl
+                import tempfile
+                self.ring = tempfile.TemporaryFile(dir=os.path.dirname(path))
+                self.head_size = cap // 2
+                self.ring_size = cap - self.head_size
+                self.fd, self.for_command = _pipe()
+                os.set_blocking(self.fd, False)
+                try:
+                    fcntl.fcntl(self.fd, _F_SETPIPE_SZ, 1 << 20)  # fewer, larger reads
+                except OSError:
+                    pass  # over /proc/sys/fs/pipe-max-size: the default will do
+        except BaseException as e:
+            self.close()
+            if isinstance(e, OSError):
+                raise SupervisorError("--output: cannot write %s: %s" % (
+                    e.filename or path, _os_error_text(e)))
+            raise
 
     def pump(self):
         """Keep what the command wrote since (a bounded amount: the wait goes on)."""
@@ -3045,49 +3056,58 @@ class _Output(object):
 
     def _keep(self, chunk):
         head = max(0, min(len(chunk), self.head_size - self.seen))
-        if head:
-            os.write(self.file, chunk[:head])
+        _write_all(self.file, chunk[:head])
         rest = chunk[head:][-self.ring_size:]
         at = (self.seen + len(chunk) - len(rest) - self.head_size) % self.ring_size
         first = rest[:self.ring_size - at]
-        os.pwrite(self.ring.fileno(), first, at)
-        os.pwrite(self.ring.fileno(), rest[len(first):], 0)
+        _write_all(self.ring.fileno(), first, at)
+        _write_all(self.ring.fileno(), rest[len(first):], 0)
 
     def finish(self):
         """The tail after the head, with the marker where bytes were cut;
-        the receipt's output. Anything still writing gets SIGPIPE from now."""
-        kept = os.fstat(self.file).st_size
+        the receipt's output. Anything still writing gets SIGPIPE from now.
+        Without a cap, the bytes were the command's to write: not seen."""
         if self.cap is not None:
             self.pump()
-            beyond, marker = max(0, self.seen - self.head_size), b""
-            tail, start = beyond, 0
-            if beyond > self.ring_size and self.error is None:
-                reserve = len(b"\n[treereap: %d bytes cut here]\n" % beyond)
-                tail = self.ring_size - reserve
+            beyond = max(0, self.seen - self.head_size)
+            tail, marker = min(beyond, self.ring_size), b""
+            if beyond > self.ring_size:
+                tail = self.ring_size - len(b"\n[treereap: %d bytes cut here]\n" % beyond)
                 marker = b"\n[treereap: %d bytes cut here]\n" % (beyond - tail)
-                start = (beyond - tail) % self.ring_size
+            start = (beyond - tail) % self.ring_size
             try:
-                if self.error is None:
-                    os.write(self.file, marker)
-                    while tail:
-                        data = os.pread(self.ring.fileno(), min(tail, self.ring_size - start,
-                                                                1 << 20), start)
-                        os.write(self.file, data)
-                        tail, start = tail - len(data), (start + len(data)) % self.ring_size
+                _write_all(self.file, marker if self.error is None else b"")
+                while tail and self.error is None:
+                    data = os.pread(self.ring.fileno(), min(tail, self.ring_size - start, 1 << 20),
+                                    start)
+                    if not data:
+                        raise OSError(errno.EIO, "the ring is short")
+                    _write_all(self.file, data)
+                    tail, start = tail - len(data), (start + len(data)) % self.ring_size
             except OSError as e:
                 self.error = "%s: %s" % (self.path, e.strerror)
-            kept = os.fstat(self.file).st_size
+        kept = os.fstat(self.file).st_size
         self.close()
         return {"path": _text(self.path), "max_bytes": self.cap,
-                "bytes_seen": self.seen if self.cap is not None else kept,
+                "bytes_seen": self.seen if self.cap is not None else None,
                 "bytes_kept": kept, "cut": kept < self.seen, "error": self.error}
 
     def close(self):
         for fd in set((self.fd, self.for_command, self.file)) - set([None]):
             os.close(fd)
         self.fd = self.for_command = self.file = None
-        if self.cap is not None:
+        if self.ring is not None:
             self.ring.close()
+
+
+def _write_all(fd, data, at=None):
+    """All of data, where fd is or at `at`: a short write (a disk filling up)
+    goes on, and one that writes nothing is ENOSPC."""
+    while data:
+        done = os.write(fd, data) if at is None else os.pwrite(fd, data, at)
+        if not done:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        data, at = data[done:], None if at is None else at + done
 
 
 def _start_command(run):
@@ -3151,6 +3171,10 @@ def _exec_command(run, report_fd):
             os.setpgid(0, 0)
         step = "cgroup"
         run.containment.join(0)
+        if run.plan.memory_max is not None:  # at -1000 (ours, inherited) no OOM kill would come
+            step = "oom_score_adj"
+            if int(_read_to_end(os.open("/proc/self/oom_score_adj", os.O_RDONLY), True)) < 0:
+                _write_all(os.open("/proc/self/oom_score_adj", os.O_WRONLY), b"0")  # (at exec)
         if run.output is not None:
             step = "output"
             for fd in (1, 2):
@@ -3228,11 +3252,12 @@ def _run_until_stop(run):
             run.stop_reason = "timeout"
         if run.stop_reason is None and run.watch is not None and run.watch.stopped():
             run.stop_reason = "stop_file"
-        wake = _cpu_time_check(run) if run.stop_reason is None else now
+        if run.stop_reason is None and now >= run.cpu_check_at:
+            run.cpu_check_at = _cpu_time_check(run)
         if run.stop_reason is not None:
             return
         _check_job_control(run)
-        _wait(run, min(run.endtime, wake))
+        _wait(run, min(run.endtime, run.cpu_check_at))
 
 
 def _cpu_time_check(run):
@@ -3240,8 +3265,6 @@ def _cpu_time_check(run):
     process it held, reaped or not). Spent: the run stops. Else, when it
     could be spent at the earliest, every CPU busy (BenchExec's way):
     nothing reads it more often than the run could spend it."""
-    if run.plan.cpu_time is None:
-        return float("inf")
     usage = run.containment.usage()  # None: cpu.stat unreadable (a mount over it): spent
     left = run.plan.cpu_time - (usage["cpu_usage_s"] if usage else float("inf"))
     if left <= 0:
@@ -3721,13 +3744,9 @@ def _build_receipt(run, ended_wall, ended):
 
 def _limits(run):
     """The limits asked, and what the kernel set (its files, read back)."""
-    plan = run.plan
-    asked = {"memory_max": plan.memory_max, "pids_max": plan.pids_max,
-             "cpu_time_s": plan.cpu_time, "max_output": plan.max_output}
-    if not any(value is not None for value in asked.values()):
-        return None
-    asked["set"] = run.fields.get("limits_set") or {}
-    return asked
+    asked = dict((key, getattr(run.plan, key)) for key in ("memory_max", "pids_max", "max_output"))
+    asked.update(cpu_time_s=run.plan.cpu_time, set=run.fields.get("limits_set") or {})
+    return asked if _limits_asked(run.plan) or run.plan.max_output else None
 
 
 def _namespaces(fs):
@@ -3755,44 +3774,6 @@ def _text(value):
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
-
-
-_JSON_ESCAPES = dict((i, "\\u%04x" % i) for i in list(range(0x20)) + [0x7F])
-_JSON_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\", ord("\n"): "\\n", ord("\r"): "\\r",
-                      ord("\t"): "\\t", ord("\b"): "\\b", ord("\f"): "\\f"})
-
-
-def _json(value, indent=""):
-    """JSON as json.dumps(value, indent=2) writes it, without its import: json
-    pulls in re, 10 ms on every run where nothing else loaded it (measured:
-    python -I -S, 3.6 to 3.13)."""
-    if value is None or value is True or value is False:
-        return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        text = value.translate(_JSON_ESCAPES)
-        if any(c >= "\x80" for c in text):
-            text = "".join(c if c < "\x80" else _json_escape(ord(c)) for c in text)
-        return '"%s"' % text
-    inner = indent + "  "
-    if isinstance(value, dict):
-        items = ["%s%s: %s" % (inner, _json(key), _json(item, inner))
-                 for key, item in value.items()]
-        brackets = "{}"
-    else:
-        items, brackets = [inner + _json(item, inner) for item in value], "[]"
-    if not items:
-        return brackets
-    return "%s\n%s\n%s%s" % (brackets[0], ",\n".join(items), indent, brackets[1])
-
-
-def _json_escape(code):
-    """\\uXXXX, or the UTF-16 surrogate pair of a code point above U+FFFF."""
-    if code > 0xFFFF:
-        code -= 0x10000
-        return "\\u%04x\\u%04x" % (0xD800 | code >> 10, 0xDC00 | code & 0x3FF)
-    return "\\u%04x" % code
 
 
 class _ReceiptTarget(object):
@@ -3858,7 +3839,8 @@ class _ReceiptTarget(object):
             raise _path_error(e, self.path, "cannot remove the earlier receipt")
 
     def write(self, receipt):
-        data = (_json(receipt) + "\n").encode("ascii")
+        import json  # (at the end: 2 to 7 ms that a run pays after its drain, not before)
+        data = (json.dumps(receipt, indent=2) + "\n").encode("ascii")
         try:
             self._make_missing()
             fd, temporary = self._temporary(), self.temporary
@@ -3989,7 +3971,7 @@ _OPTIONS = (
     (("--preserve-status",), "preserve_status", "flag", False, True,
      "exit with COMMAND's status even when the run was stopped (125 still wins)"),
     (("-v", "--verbose"), "verbose", "flag", False, True,
-     "say on stderr when the run is stopped, when SIGKILL was needed, and how it ended"),
+     "say on stderr when the run starts and stops, what it drained and kept, how long"),
     (("--summary",), "summary", "path", None, False, "PATH also write a summary there, "
      "at most 4 KiB of text, in place (a bind-mounted /dev/termination-log)"),
     (("--new-session",), "new_session", "flag", False, False, "leave the caller's session "
@@ -4131,16 +4113,16 @@ def _checked_plan(command, values):
 
 def _check_limits(plan):
     """What the limits need that the plan alone can tell."""
-    if plan.max_output is not None:
-        if plan.output is None:
-            raise UsageError("--max-output: needs --output FILE (where the output is kept)")
-        if plan.max_output < _MIN_OUTPUT_CAP:
-            raise UsageError("--max-output: at least 1K (room for a head, a tail and the "
-                             "marker between)")
-        if plan.policy != "drain-all":
-            raise UsageError("--max-output: not with --%s: what is kept would write to a pipe "
-                             "nobody reads once the run is over; use --output alone"
-                             % plan.policy)
+    for wrong, why in (
+            (plan.max_output and plan.output is None, "--max-output: needs --output FILE"),
+            ((plan.max_output or _MIN_OUTPUT_CAP) < _MIN_OUTPUT_CAP, "--max-output: at least "
+             "1K (room for a head, a tail and the marker between)"),
+            (plan.max_output and plan.policy != "drain-all", "--max-output: not with --%s: "
+             "what is kept would write to a pipe nobody reads once the run is over; use "
+             "--output alone" % plan.policy),
+            ((plan.memory_max or 1 << 20) < 1 << 20, "--memory-max: at least 1M")):
+        if wrong:
+            raise UsageError(why)
     if _limits_asked(plan) and plan.containment == "proc":
         raise UsageError("%s: needs a cgroup of the run's own; drop --containment proc"
                          % _limits_asked(plan)[0][0])
@@ -4301,7 +4283,7 @@ def _execute(run):
         run.fields = run.containment.finish()
     except OSError:
         pass  # a cgroup that cannot be read or removed: it stays, and is named
-    if run.stop_reason is None and (
+    if run.stop_reason is None and run.plan.memory_max is not None and (
             (run.fields["usage"] or {}).get("memory_events") or {}).get("oom_kill"):
         run.stop_reason = "memory"  # the kernel's OOM killer ended the run at --memory-max
     if run.output is not None:
@@ -4357,10 +4339,12 @@ def _parse_size(value, option, kind="size"):
     text = value.strip() if isinstance(value, str) else ""
     number, unit = text.upper(), ""
     if kind == "size":
-        number = number[:-2] if number.endswith("IB") else number.rstrip("B")
+        number = number[:-2] if number[-3:-2] in "KMGT" and number.endswith("IB") else (
+            number[:-1] if number.endswith("B") else number)
         unit = number[-1:] if number[-1:] in _SIZE_UNITS else ""
     number = number[:len(number) - len(unit)]
-    if not number or any(c not in "0123456789" for c in number) or not int(number):
+    if not number or any(c not in "0123456789" for c in number) or not (
+            0 < int(number) * _SIZE_UNITS[unit] < 2 ** 63):
         raise UsageError("%s: %r is not %s" % (option, value, "a positive number of bytes "
                          "(4096, 512K, 512M, 2G)" if kind == "size" else "a positive number"))
     return int(number) * _SIZE_UNITS[unit]
@@ -4503,37 +4487,14 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
     if not (name.startswith("treereap-") and name.partition(".kept-")[0] == run_name
             and receipt.get("preserved")):
         return False, 0, "kept_cgroup %s is not a cgroup this supervisor makes: left alone" % path
-    try:
-        home = _home_of(fs, path)
-    except _NoCgroup as e:
-        return False, 0, "kept_cgroup %s: %s" % (path, e)
-    try:
-        return _end_cgroup(fs, home, name, roots, endtime)
-    finally:
-        home.close()
-
-
-def _home_of(fs, path):
-    """The cgroup v2 directory that holds the cgroup path (relative to the
-    hierarchy's root), held open."""
-    for root, mount_point, _ in _cgroup2_mounts(fs):
-        if root == "/":
-            return _open_home(fs, mount_point, path.rsplit("/", 1)[0] or "/", judge=False)
-    raise _NoCgroup("no cgroup v2 hierarchy is mounted here")
-
-
-def _end_cgroup(fs, home, name, roots, endtime):
-    """End the cgroup `name` below home and remove it, unless a supervisor
-    still holds it or it does not hold every root still alive. (done, how
-    many it held, a note)."""
     import fcntl
+    mount_point = next((m for root, m, _ in _cgroup2_mounts(fs) if root == "/"), None)
+    if mount_point is None:
+        return False, 0, "kept_cgroup %s: no cgroup v2 hierarchy is mounted here" % path
+    home = cgroup = None
     try:
+        home = _open_home(fs, mount_point, path.rsplit("/", 1)[0] or "/", judge=False)
         cgroup = home.child(name)
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            return True, 0, None  # removed already: nothing in it
-        return False, 0, "kept_cgroup %s: %s" % (name, e.strerror)
-    try:
         try:
             fcntl.flock(cgroup.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -4546,8 +4507,14 @@ def _end_cgroup(fs, home, name, roots, endtime):
             return False, count, "kept_cgroup %s is not empty" % cgroup.path
         home.remove_child(cgroup)
         return True, count, None
+    except (OSError, _NoCgroup) as e:
+        if cgroup is None and getattr(e, "errno", None) == errno.ENOENT:
+            return True, 0, None  # removed already: nothing in it
+        return False, 0, "kept_cgroup %s: %s" % (path, getattr(e, "strerror", None) or e)
     finally:
-        cgroup.close()
+        for each in (cgroup, home):
+            if each is not None:
+                each.close()
 
 
 # --- The command line ------------------------------------------------------------------------
@@ -4566,8 +4533,9 @@ options:
   -h, --help, --version
 
 signals: TERM, INT, HUP and every other signal that would end a process stop
-the run; a second one skips the rest of the grace; USR1, USR2 and WINCH are
-forwarded to COMMAND's group; TSTP suspends the run.
+the run (TERM, INT, HUP and QUIT reach it as themselves; the rest send -s); a
+second one skips the rest of the grace; USR1, USR2 and WINCH are forwarded to
+COMMAND's group; TSTP suspends the run. At a terminal, Ctrl-C stops it too.
 
 the receipt: cleanup_confirmed (do not reuse the sandbox when false),
 exit_status, return_code, stop_reason, preserved (what was kept), drained,
@@ -4744,7 +4712,7 @@ def main(argv=None):
             return _end_kept(kept, values["cleanup_timeout"])
         plan, target = _checked_plan(command, values)
         if new_session:
-            plan.stop_with_parent = _relay_into_new_session()
+            plan.stop_with_parent, plan.relay = _relay_into_new_session(), True
         run = _Run(plan)
         receipt = _execute(run)
     except SupervisorError as e:
@@ -4765,6 +4733,8 @@ def main(argv=None):
         _complain("--receipt: cannot write %s: %s" % (lost.filename, _os_error_text(lost)))
     if not receipt["cleanup_confirmed"] and not run.failed:
         _complain(_unconfirmed_message(receipt))
+    if (receipt["output"] or {}).get("error"):
+        _complain("--output: cannot keep the output: %s" % receipt["output"]["error"])
     if receipt["stop_reason"] == "stop_file" and receipt["pid"] is None:
         _complain("the stop file %s is there: the command was not started" % plan.stop_path)
     elif plan.verbose:
@@ -4797,12 +4767,9 @@ def _write_summary(path, text):
     if path is None:
         return
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
-        try:
-            os.write(fd, (text.rstrip("\n") + "\n").encode("utf-8", "replace")[:_SUMMARY_LIMIT])
-        finally:
-            os.close(fd)
+        with open(path, "wb", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW,
+                                                                0o644)) as f:
+            f.write((text.rstrip("\n") + "\n").encode("utf-8", "replace")[:_SUMMARY_LIMIT])
     except OSError as e:
         _complain("--summary: cannot write %s: %s" % (path, _os_error_text(e)))
 
@@ -4825,9 +4792,9 @@ def _end_kept(path, cleanup_timeout):
 
 def _outcome(run, receipt, status):
     """-v's closing line: how the run ended, what the cleanup did."""
-    def some(entries, count):
-        names = ", ".join("%d %s" % (p["pid"], p["name"]) for p in entries[:5])
-        return " (%s%s)" % (names, ", ..." if count > 5 else "") if names else ""
+    def some(entries, count):  # the first five, named
+        return " (%s%s)" % (", ".join("%d %s" % (p["pid"], p["name"]) for p in entries[:5]),
+                            ", ..." if count > 5 else "") if entries else ""
     return "done: %s, exit status %d in %.1fs (cleanup %.1fs), %d drained%s%s, %d kept%s, " \
         "cleanup %s%s" % (
             receipt["stop_reason"] if receipt["signal"] is None else receipt["signal"], status,
@@ -4841,12 +4808,12 @@ def _outcome(run, receipt, status):
 
 def _limits_hit(receipt):
     """-v: each limit the run reached, named."""
-    usage, output = receipt["usage"], receipt["output"] or {}
+    usage, output, asked = receipt["usage"], receipt["output"] or {}, receipt["limits"] or {}
     return [text for hit, text in (
-        ((usage["memory_events"] or {}).get("oom_kill"), "--memory-max reached: the kernel's "
-         "OOM killer ended the run"),
-        (usage["pids_events_max"], "--pids-max reached: %s fork(s) failed"
-         % usage["pids_events_max"]),
+        (asked.get("memory_max") and receipt["stop_reason"] == "memory", "--memory-max "
+         "reached: the kernel's OOM killer ended the run"),
+        (asked.get("pids_max") and usage["pids_events_max"], "--pids-max reached: %s fork(s) "
+         "failed" % usage["pids_events_max"]),
         (output.get("cut"), "--max-output: %s of %s bytes kept" % (
             output.get("bytes_kept"), output.get("bytes_seen")))) if hit]
 
@@ -4855,14 +4822,12 @@ def _unconfirmed_message(receipt):
     survivors, unattributed = receipt["survivors"], receipt["unattributed"]
     if unattributed and not survivors:
         foreign = [p for p in unattributed if p["why"].startswith("uid")]
-        if foreign:
-            return ("cleanup not confirmed: %d process(es) of the run's uid outside the "
-                    "run (%s) cannot be told from the run's; give each sandbox a uid of its own"
-                    % (len(foreign), ", ".join(str(p["pid"]) for p in foreign[:10])))
-        return ("cleanup not confirmed: %d process(es) adopted in the process groups of the "
-                "caller's jobs (%s) cannot be told from the run's, and were left alone; start "
-                "the supervisor without background jobs, or with --new-session" % (
-                    len(unattributed), ", ".join(str(p["pid"]) for p in unattributed[:10])))
+        return "cleanup not confirmed: %d process(es) %s (%s) cannot be told from the run's%s" % (
+            len(foreign or unattributed), "of the run's uid outside the run" if foreign else
+            "adopted in the process groups of the caller's jobs", ", ".join(
+                str(p["pid"]) for p in (foreign or unattributed)[:10]),
+            "; give each sandbox a uid of its own" if foreign else ", and were left alone; "
+            "start the supervisor without background jobs, or with --new-session")
     count = receipt["survivors_count"]
     if not survivors:
         return ("cleanup not confirmed: %s; do not reuse this sandbox" % (

@@ -1,13 +1,12 @@
 """The command line: bad input is refused with one line and nothing left
 anywhere; durations read as timeout(1) reads them; help and version."""
-import json
 import math
 import os
 import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from conftest import IS_ROOT, PY, ROOT, read_receipt, run_supervisor, supervisor_cmd
 
@@ -279,16 +278,3 @@ def test_version():
     assert result.stdout == "supervisor.py %s\n" % supervisor.__version__
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text()
-    | st.floats(allow_nan=False, allow_infinity=False),
-    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=20)
-
-
-@given(json_values)
-@settings(max_examples=150)
-def test_receipt_json_is_what_the_json_module_writes(value):
-    text = supervisor._json(value)
-    assert text == json.dumps(value, indent=2)
-    assert json.loads(text) == value
-    text.encode("ascii")

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from conftest import (
-    CGROUP_ROOT, HAS_CGROUP, PY, alive, finish, kill_all, needs_cgroup, read_receipt,
+    CGROUP_ROOT, HAS_CGROUP, PY, ROOT, alive, finish, kill_all, needs_cgroup, read_receipt,
     run_supervisor, spawn, start_supervisor, supervisor_cmd, wait_until,
 )
 
@@ -70,6 +70,9 @@ def test_a_limit_whose_controller_is_not_in_cgroup_v2_is_refused(paths, option, 
 @pytest.mark.parametrize("args, words", [
     (["--memory-max", "1.5G"], "--memory-max: '1.5G' is not a positive number of bytes"),
     (["--memory-max", "0"], "--memory-max: '0' is not"),
+    (["--memory-max", "1BBB"], "--memory-max: '1BBB' is not"),
+    (["--memory-max", "16777216T"], "--memory-max: '16777216T' is not"),
+    (["--memory-max", "1000"], "--memory-max: at least 1M"),
     (["--pids-max", "10K"], "--pids-max: '10K' is not a positive number"),
     (["--cpu-time", "-1"], "--cpu-time: '-1' is not a positive duration"),
     (["--max-output", "1M"], "--max-output: needs --output FILE"),
@@ -171,6 +174,38 @@ def test_output_alone_is_the_commands_stdout_and_stderr_uncapped(paths):
     assert receipt["output"]["bytes_kept"] == 100004 and receipt["output"]["max_bytes"] is None
 
 
+def test_output_to_anything_but_a_regular_file_is_refused(paths, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(str(fifo))
+    for target in (fifo, "/dev/null"):
+        result = run_supervisor(*paths.options() + ["--output", target, "--max-output", "1M",
+                                                    "--", "touch", paths.work / "ran"])
+        assert result.returncode == 125 and "--output: cannot write" in result.stderr
+        assert not (paths.work / "ran").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a small tmpfs, in a mount namespace)")
+def test_a_full_disk_costs_the_output_never_the_receipt(paths, tmp_path):
+    """FILE's filesystem fills up (short writes, then ENOSPC): what could
+    not be kept is counted and named, and the run ends as usual."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    write = "import sys; sys.stdout.buffer.write(b'x' * (3 << 20)); sys.stdout.flush()"
+    script = 'mount -t tmpfs -o size=256k tmpfs "$0" && exec "$@"'
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                             str(disk)] + supervisor_cmd(*paths.options() + [
+                                 "--output", disk / "out.log", "--max-output", "2M",
+                                 "--", PY, "-c", write]),
+                            universal_newlines=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, timeout=120)
+    receipt = receipt_of(result, paths)
+    assert result.returncode == 0 and receipt["cleanup_confirmed"] is True, result.stderr
+    output = receipt["output"]
+    assert output["bytes_seen"] == 3 << 20 and output["cut"] is True
+    assert "No space left on device" in output["error"]
+    assert "--output: cannot keep the output" in result.stderr
+
+
 def test_a_stop_handler_that_writes_much_is_not_held_up_by_the_cap(paths):
     """The grace is the command's: writing 20 MB from its SIGTERM handler
     into a 64K cap, it exits by itself, never SIGKILLed, never SIGPIPEd."""
@@ -217,6 +252,68 @@ def test_memory_max_the_oom_kill_takes_the_whole_run_and_the_supervisor_tells(pa
     assert receipt["limits"]["set"] == {"memory.max": str(64 << 20), "memory.swap.max": "0",
                                         "memory.oom.group": "1"}
     assert "--memory-max" in result.stderr and "OOM" in result.stderr
+
+
+@in_guest
+def test_an_oom_score_adj_of_minus_1000_does_not_exempt_the_run(paths):
+    """Inherited from the supervisor (a service at OOMScoreAdjust=-1000),
+    it would keep the OOM killer away: the command starts at 0."""
+    result = subprocess.run(["sh", "-c", 'echo -1000 > /proc/self/oom_score_adj && exec "$@"',
+                             "sh"] + limits_cmd(paths, "--memory-max", "40M", "--", PY, "-c",
+                                                ALLOCATE % 256),
+                            universal_newlines=True, timeout=120, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    receipt = receipt_of(result, paths)
+    assert result.returncode == 137 and receipt["stop_reason"] == "memory", result.stderr
+
+
+@in_guest
+def test_an_oom_of_a_nested_run_is_not_ours_to_report(paths):
+    """The inner supervisor's --memory-max kills its run; the outer, asked
+    for no limit, reports the inner's exit (137), not a memory stop of its
+    own, and -v names no limit."""
+    inner = supervisor_cmd("--timeout", "60", "--memory-max", "40M", "--", PY, "-c",
+                           ALLOCATE % 256)
+    result = run_supervisor(*paths.options(timeout=120) + ["-v", "--"] + inner)
+    receipt = receipt_of(result, paths)
+    assert result.returncode == 137 and receipt["stop_reason"] == "exit", result.stderr
+    assert receipt["limits"] is None and "--memory-max reached" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("supervisor.py: done: exit")
+
+
+@in_guest
+def test_supervise_with_limits_again_and_again_reuses_its_leaf(paths):
+    """A supervise() caller stays in the leaf it moved into: its next
+    limited run takes that leaf again, never one more level down."""
+    home = make_cgroup("test-api-%d" % os.getpid())
+    code = ("import os, supervisor\n"
+            "for i in range(5):\n"
+            "    r = supervisor.supervise(['true'], 30, pids_max=100, workdir='/')\n"
+            "    print(r['cgroup'], open('/proc/self/cgroup').read().split('::')[1].strip())\n")
+    try:
+        result = subprocess.run(start_in(home, [PY, "-c", code]), universal_newlines=True,
+                                timeout=120, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                cwd=ROOT)
+        assert result.returncode == 0, result.stderr
+        runs = [line.split() for line in result.stdout.splitlines()]
+        assert len(runs) == 5 and len(set(where for _, where in runs)) == 1, runs
+        assert all(run.count("/") == runs[0][0].count("/") for run, _ in runs), runs
+    finally:
+        remove_cgroups(home)
+
+
+@in_guest
+def test_new_session_with_limits_moves_its_relay_too(paths):
+    home = make_cgroup("test-relay-%d" % os.getpid())
+    try:
+        result = subprocess.run(start_in(home, limits_cmd(paths, "--new-session", "--pids-max",
+                                                          "50", "--", "true")),
+                                universal_newlines=True, timeout=120, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        assert result.returncode == 0, result.stderr
+        assert receipt_of(result, paths)["limits"]["set"] == {"pids.max": "50"}
+    finally:
+        remove_cgroups(home)
 
 
 @in_guest

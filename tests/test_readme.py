@@ -50,7 +50,7 @@ def read_json(path):
 # its code, what must hold of (result, tmp_path)).
 CLAIMS = [
     # Under GNU timeout: at our own deadline, the status is ours.
-    ("timeout 100 python3 supervisor.py",
+    ("timeout -k 60 100 python3 supervisor.py",
      lambda result, top: "exit status 124" in result.stdout),
     # The CI step's test server is drained when the step ends, and -v says so.
     ("-- sh ci-step.sh",
