@@ -3934,50 +3934,47 @@ _OPTIONS = (
     (("--timeout",), "timeout", "duration", None, True,
      "DURATION the deadline, from COMMAND's start (required): 90, 1.5, 10m, 2h, 1d"),
     (("-k", "--kill-after", "--cleanup-timeout"), "cleanup_timeout", "duration",
-     DEFAULT_CLEANUP_TIMEOUT, True, "DURATION bound of EACH of the three cleanup phases (default "
-     "10): the grace after the stop signal, COMMAND's own process after SIGKILL, the drain"),
+     DEFAULT_CLEANUP_TIMEOUT, True, "DURATION bound of EACH of the three cleanup phases: grace, "
+     "kill, drain (10)"),
     (("-s", "--signal"), "stop_signal", "signal", "TERM", True,
-     "SIG the first signal of a stop (default TERM; 0: none, the grace, then SIGKILL)"),
+     "SIG the first signal of a stop (TERM; 0: none, the grace, then SIGKILL)"),
     (("--stop-file",), "stop_path", "path", None, True,
-     "PATH if anything is at PATH: COMMAND never starts; else the run stops once it appears"),
-    (("--receipt",), "receipt", "path", None, True, "PATH write the receipt there, outside "
-     "the workdir (an earlier receipt there is removed first)"),
+     "PATH if anything is there, COMMAND never starts; else the run stops then"),
+    (("--receipt",), "receipt", "path", None, True, "PATH the receipt, outside the workdir (an "
+     "earlier one there is removed)"),
     (("--workdir",), "workdir", "path", None, True,
      "DIR COMMAND's current directory (default: this one; from /, no workdir)"),
     (("--user",), "user", "text", None, True,
-     "USER[:GROUP] run COMMAND as that user, with no way back: then it cannot signal, stop "
-     "or trace the supervisor, nor write its receipt"),
-    (("--memory-max",), "memory_max", "size", None, True, "SIZE the run's memory, swap "
-     "included, all processes together (512M, 2G); over it the kernel kills the whole run"),
+     "USER[:GROUP] run COMMAND as that user: it cannot touch the supervisor or receipt"),
+    (("--memory-max",), "memory_max", "size", None, True, "SIZE all the run's memory, swap "
+     "included (512M, 2G), or it is killed"),
     (("--pids-max",), "pids_max", "count", None, True,
      "N at most N processes and threads in the run at once (a fork past it fails)"),
     (("--cpu-time",), "cpu_time", "seconds", None, True,
-     "DURATION CPU time of all processes of the run together; spent, the run stops as at "
-     "the deadline"),
+     "DURATION CPU time of the whole run; spent, the run stops as at the deadline"),
     (("--output",), "output", "path", None, True,
      "FILE COMMAND's stdout and stderr go to FILE (made anew)"),
-    (("--max-output",), "max_output", "size", None, True, "SIZE keep at most SIZE bytes "
-     "of the output in FILE: its head and its tail, a marker between (needs --output)"),
+    (("--max-output",), "max_output", "size", None, True, "SIZE at most SIZE bytes in FILE: "
+     "the head and the tail (with --output)"),
     (("--containment",), "containment", CONTAINMENTS, "auto", True,
-     "auto|cgroup|proc a cgroup of the run's own where one can be made (auto), or refuse "
-     "(cgroup); or the /proc walk alone (proc)"),
+     "auto|cgroup|proc a cgroup of its own where one can be made, or insist, or none"),
     (("--drain-all",), "policy", POLICIES, "drain-all", True,
      "the default: drain every process of the run"),
     (("--preserve-descendants-on-success",), "policy", POLICIES,
-     "preserve-descendants-on-success", True, "when COMMAND exits 0 by itself and nothing "
-     "stopped the run, keep every process of it; any other ending drains everything"),
-    (("--keep-services",), "policy", POLICIES, "keep-services", True, "keep the services "
-     "COMMAND detached before a stop; at a natural exit, every process outside its group"),
+     "preserve-descendants-on-success", True, "after a natural exit 0, keep every process "
+     "of the run; else drain all"),
+    (("--keep-services",), "policy", POLICIES, "keep-services", True, "keep what COMMAND "
+     "detached (at an exit: all outside its group)"),
     (("--preserve-status",), "preserve_status", "flag", False, True,
      "exit with COMMAND's status even when the run was stopped (125 still wins)"),
     (("-v", "--verbose"), "verbose", "flag", False, True,
-     "say on stderr when the run starts and stops, what it drained and kept, how long"),
-    (("--summary",), "summary", "path", None, False, "PATH also write a summary there, "
-     "at most 4 KiB of text, in place (a bind-mounted /dev/termination-log)"),
-    (("--new-session",), "new_session", "flag", False, False, "leave the caller's session "
-     "first, so that a kill of the caller's process group cannot stop the drain"),
-    (("--end-kept",), "end_kept", "path", None, False, "RECEIPT end (SIGKILL) what that "
-     "receipt kept, and their descendants, within -k; exit 0 when all is gone"),
+     "say on stderr when it starts and stops, what it drained and kept"),
+    (("--summary",), "summary", "path", None, False, "PATH also a summary, 4 KiB at most, "
+     "written in place (/dev/termination-log)"),
+    (("--new-session",), "new_session", "flag", False, False, "leave the caller's session: "
+     "a kill of its group cannot stop the drain"),
+    (("--end-kept",), "end_kept", "path", None, False, "RECEIPT end what that receipt "
+     "kept, within -k; exit 0 when all is gone"),
     ((), "stop_with_parent", "pid", None, True, None),
 )
 
