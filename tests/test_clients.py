@@ -3,6 +3,7 @@ CI, the receipt's drained and usage, the workdir from /, the API, and the
 package beside supervisord. (An RL controller's protocol: test_nemo.py.)"""
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -194,7 +195,7 @@ def test_a_stop_file_left_from_an_earlier_run_says_why_nothing_ran(paths):
 SERVERS = (
     "setsid -f sh -c 'echo setsid $$ >> servers; exec sleep 300'; "
     "%s -c 'import subprocess; p = subprocess.Popen([\"sleep\", \"300\"], start_new_session=True); "
-    "open(\"servers\", \"a\").write(\"popen %%d\\n\" %% p.pid)'; " % PY)
+    "open(\"servers\", \"a\").write(\"popen %%d\\n\" %% p.pid)'; " % shlex.quote(PY))
 
 
 @pytest.mark.parametrize("forced", [False, True])
@@ -259,7 +260,7 @@ def test_the_drained_list_is_capped_at_a_thousand(paths):
 
 def test_the_receipt_says_what_the_run_cost(paths):
     burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
-    result = run_supervisor(*paths.options() + ["--", "sh", "-c", "%s -c '%s' & wait" % (PY, burn)])
+    result = run_supervisor(*paths.options() + ["--", "sh", "-c", "%s -c '%s' & wait" % (shlex.quote(PY), burn)])
     assert result.returncode == 0, result.stderr
     usage = read_receipt(paths.receipt)["usage"]
     assert set(usage) == {"source", "cpu_user_s", "cpu_system_s", "max_rss_kib",

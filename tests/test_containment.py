@@ -16,7 +16,7 @@ import pytest
 from conftest import (
     CGROUP_ROOT, IS_ROOT, KEEP, PY, alive, finish, kill_all, kill_pinned, needs_cgroup, read_lines,
     read_lines_until,
-    read_receipt, run, run_supervisor, start_supervisor, supervisor_cmd, wait_until,
+    read_receipt, run, run_supervisor, spawn, start_supervisor, supervisor_cmd, wait_until,
 )
 
 CGROUP = ["--containment", "cgroup"]
@@ -239,7 +239,7 @@ def test_where_no_cgroup_can_be_made_auto_falls_back_and_cgroup_refuses(paths):
     takes the /proc walk (and says why in the receipt), --containment cgroup
     refuses in one line."""
     def in_read_only_cgroups(*options):
-        inner = " ".join(supervisor_cmd(*paths.options() + list(options) + ["--", "true"]))
+        inner = shlex.join(supervisor_cmd(*paths.options() + list(options) + ["--", "true"]))
         script = "mount -o bind,remount,ro %s && exec %s" % (CGROUP_ROOT, inner)
         return run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script])
     result = in_read_only_cgroups()
@@ -260,7 +260,7 @@ def test_a_writable_cgroup_mount_listed_after_a_read_only_one_is_taken(paths, tm
     container may have it): auto took the walk; the writable one is taken."""
     writable = tmp_path / "cgroup2"
     writable.mkdir()
-    inner = " ".join(supervisor_cmd(*paths.options() + ["--", "true"]))
+    inner = shlex.join(supervisor_cmd(*paths.options() + ["--", "true"]))
     script = ("mount -o bind,remount,ro %s && mount -t cgroup2 none %s && exec %s"
               % (CGROUP_ROOT, writable, inner))
     result = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script])
@@ -431,13 +431,28 @@ def make_old(path):
     os.utime(path, (then, then))
 
 
+def in_cgroup(home, argv):
+    """argv started in the cgroup home: a home of the test's own, which no
+    other test's supervisor sweeps for leftovers."""
+    return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', home] + [str(a) for a in argv]
+
+
+@pytest.fixture
+def home():
+    """A cgroup of the test's own for its supervisors to start in."""
+    directory = os.path.join(CGROUP_ROOT, "test-home-%d" % os.getpid())
+    os.mkdir(directory)
+    yield directory
+    remove_test_cgroup(directory)
+
+
 @needs_cgroup
-def test_a_run_left_by_a_killed_supervisor_is_ended_by_the_next_one(paths):
+def test_a_run_left_by_a_killed_supervisor_is_ended_by_the_next_one(paths, home):
     """SIGKILL the supervisor: its run lives on in its cgroup (a child in a
     session of its own, past PR_SET_PDEATHSIG). The next supervisor started
     in the same cgroup ends it, once a minute old, and says so with -v."""
-    proc = start_supervisor(*paths.options(timeout=300) + CGROUP + [
-        "--", "sh", "-c", "setsid sleep 300 & echo $!; exec sleep 300"])
+    proc = spawn(in_cgroup(home, supervisor_cmd(*paths.options(timeout=300) + CGROUP + [
+        "--", "sh", "-c", "setsid sleep 300 & echo $!; exec sleep 300"])))
     orphan = int(read_lines(proc.stdout, 1)[0])
     with open("/proc/%d/cgroup" % orphan) as f:
         left = f.read().split("::")[1].strip()
@@ -446,7 +461,8 @@ def test_a_run_left_by_a_killed_supervisor_is_ended_by_the_next_one(paths):
         proc.wait()
         assert alive(orphan) and os.path.isdir(cgroup_dir(left))
         make_old(cgroup_dir(left))
-        result = run_supervisor("-v", "--timeout", "5", "--", "true", cwd="/")
+        result = run(in_cgroup(home, supervisor_cmd("-v", "--timeout", "5", "--", "true")),
+                     cwd="/")
         assert result.returncode == 0, result.stderr
         assert "ended %s, a run whose supervisor was killed" % left in result.stderr
         assert wait_until(lambda: not alive(orphan))
@@ -456,17 +472,18 @@ def test_a_run_left_by_a_killed_supervisor_is_ended_by_the_next_one(paths):
 
 
 @needs_cgroup
-def test_what_a_policy_kept_is_never_taken_for_a_killed_supervisors_run(paths):
-    proc = start_supervisor(*paths.options() + CGROUP + [
+def test_what_a_policy_kept_is_never_taken_for_a_killed_supervisors_run(paths, home):
+    proc = spawn(in_cgroup(home, supervisor_cmd(*paths.options() + CGROUP + [
         "--preserve-descendants-on-success", "--", "sh", "-c",
-        "setsid sleep 300 & echo $!; exit 0"])
+        "setsid sleep 300 & echo $!; exit 0"])))
     kept = int(read_lines(proc.stdout, 1)[0])
     status, _, err = finish(proc)
     receipt = read_receipt(paths.receipt)
     try:
         assert status == 0 and receipt["kept_cgroup"] == receipt["cgroup"], err
         make_old(cgroup_dir(receipt["kept_cgroup"]))
-        result = run_supervisor("-v", "--timeout", "5", "--", "true", cwd="/")
+        result = run(in_cgroup(home, supervisor_cmd("-v", "--timeout", "5", "--", "true")),
+                     cwd="/")
         assert result.returncode == 0 and "ended" not in result.stderr, result.stderr
         assert alive(kept) and os.path.isdir(cgroup_dir(receipt["kept_cgroup"]))
     finally:

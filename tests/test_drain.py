@@ -189,7 +189,7 @@ def test_zombies_behind_a_page_of_live_services_are_reaped_too(paths):
     lasts until the test stops it, after they are gone."""
     script = ("(for i in $(seq 1100); do setsid sleep 60 & done; "
               "for i in $(seq 50); do setsid sleep 1 & done); echo READY; exec sleep 60")
-    inner = " ".join(supervisor_cmd(*paths.options(cleanup=2, stop=True) + [
+    inner = shlex.join(supervisor_cmd(*paths.options(cleanup=2, stop=True) + [
         "--drain-all", "--", "sh", "-c", "'%s'" % script]))
     argv = ["sh", "-c", "sleep 0.1 & exec " + inner]  # the caller's child, which exits at once
     proc = spawn(in_own_pid_namespace(argv))

@@ -12,6 +12,7 @@ SUPERVISOR_REQUIRE_GUEST=1 (as in CI, .ci/run): then that is a failure.
 """
 import glob
 import os
+import shlex
 import shutil
 import subprocess
 
@@ -45,7 +46,7 @@ def test_the_batch_that_needs_cgroup_v2_controllers_passes_in_a_pure_cgroup_v2_g
         pytest.skip(why)
     # (The GiB of output is the host's to test: in the guest it costs 20 s.)
     command = "%s -m pytest -q -n 0 -p no:cacheprovider -rs -k 'not gib' %s" % (
-        PY, " ".join(BATCH))
+        shlex.quote(PY), " ".join(BATCH))
     env = dict(os.environ, TREEREAP_IN_GUEST="1", PYTHONDONTWRITEBYTECODE="1")
     env.pop("PYTEST_XDIST_WORKER", None)
     result = subprocess.run([HARNESS, command], cwd=ROOT, env=env, timeout=1200,

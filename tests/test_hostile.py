@@ -598,7 +598,7 @@ def test_the_receipt_path_is_never_dev_stdout(paths, tmp_path, stdout):
     log = tmp_path / "controller.log"
     redirect = " > %s" % log if stdout == "log file" else ""
     check = ('mount -t tmpfs tmpfs /dev && ln -s /proc/self/fd/1 /dev/stdout && '
-             '{ %s%s; echo status=$?; readlink /dev/stdout; }' % (" ".join(supervisor_cmd(
+             '{ %s%s; echo status=$?; readlink /dev/stdout; }' % (shlex.join(supervisor_cmd(
                  "--timeout", 5, "--receipt", "/dev/stdout", "--", "true")), redirect))
     result = run(in_private_mounts(["sh", "-c", check]), cwd="/")
     assert "status=125" in result.stdout, result.stdout + result.stderr

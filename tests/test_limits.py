@@ -9,6 +9,7 @@ rest run here: on this hybrid host memory and pids are on cgroup v1, so
 those limits are refused; --cpu-time needs only the run's cgroup v2.
 """
 import os
+import shlex
 import subprocess
 
 import pytest
@@ -237,7 +238,7 @@ def test_memory_max_the_oom_kill_takes_the_whole_run_and_the_supervisor_tells(pa
     """Two processes: one sleeps, one allocates past the limit. The kernel
     kills both (memory.oom.group), the command dies of SIGKILL (137), and
     the supervisor, outside the limited cgroup, writes the receipt."""
-    script = "sleep 300 & echo $! > sleeper; exec %s -c '%s'" % (PY, ALLOCATE % 256)
+    script = "sleep 300 & echo $! > sleeper; exec %s -c '%s'" % (shlex.quote(PY), ALLOCATE % 256)
     result = run_supervisor(*paths.options(timeout=120) + ["--memory-max", "64M", "-v", "--",
                                                            "sh", "-c", script])
     receipt = receipt_of(result, paths)
@@ -385,7 +386,7 @@ def test_alone_in_its_cgroup_the_supervisor_moves_into_a_leaf_and_survives_the_o
     home = make_cgroup("test-home-%d" % os.getpid())
     try:
         command = ["sh", "-c", "cat /proc/$PPID/cgroup > sup; exec %s -c '%s'" % (
-            PY, ALLOCATE % 256)]
+            shlex.quote(PY), ALLOCATE % 256)]
         result = subprocess.run(start_in(home, limits_cmd(paths, "--memory-max", "48M", "--")
                                          + command), universal_newlines=True, timeout=120,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -157,7 +157,7 @@ def test_a_look_that_fails_is_never_an_empty_one(paths):
               "while [ ! -s member ]; do sleep 0.01; done; "
               "%s -c '%s' $PPID > service; trap '' TERM; "
               "while [ ! -s service ]; do sleep 0.01; done; exit 0"
-              % (PY, FLIPPER.replace("'", "'\"'\"'")))
+              % (shlex.quote(PY), FLIPPER.replace("'", "'\"'\"'")))
     proc = start_supervisor(*paths.options(cleanup=0.5) + ["--", "sh", "-c", script])
     status, out, err = finish(proc)
     pids = {"member": (paths.work / "member").read_text().split()[0],
@@ -177,7 +177,8 @@ def test_a_look_that_fails_is_never_an_empty_one(paths):
 @needs_root
 def test_a_proc_with_hidepid_is_refused_when_it_hides_processes(open_dir):
     script = ("mount -t proc -o hidepid=2 proc /proc && exec %s %s %s --timeout 5 --workdir %s "
-              "-- true" % (" ".join(AS_NOBODY), NOBODY_PY, NOBODY_SUPERVISOR, open_dir["work"]))
+              "-- true" % (" ".join(AS_NOBODY), shlex.quote(NOBODY_PY),
+                           shlex.quote(NOBODY_SUPERVISOR), open_dir["work"]))
     result = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                             cwd=open_dir["work"])
     assert result.returncode == 125
@@ -186,7 +187,8 @@ def test_a_proc_with_hidepid_is_refused_when_it_hides_processes(open_dir):
 
 @needs_root
 def test_a_proc_that_is_not_procfs_is_refused(open_dir):
-    script = "mount -t tmpfs tmpfs /proc && exec %s %s --timeout 5 -- true" % (PY, SUPERVISOR)
+    script = "mount -t tmpfs tmpfs /proc && exec %s --timeout 5 -- true" % shlex.join(
+        [PY, SUPERVISOR])
     result = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                             cwd=open_dir["work"])
     assert result.returncode == 125
@@ -822,7 +824,8 @@ def test_a_kept_service_that_dies_at_the_end_cannot_leave_an_uncounted_child(pat
     the receipt must keep it (the service listed), or count it (a survivor):
     never confirmed with nothing preserved while it runs on."""
     for _ in range(2):
-        script = "%s -c '%s' $PPID $$; exec sleep 60" % (PY, LATE_HANDOVER.replace("'", "'\"'\"'"))
+        script = "%s -c '%s' $PPID $$; exec sleep 60" % (
+            shlex.quote(PY), LATE_HANDOVER.replace("'", "'\"'\"'"))
         proc = spawn_to_files(supervisor_cmd(*paths.options(cleanup=1, stop=True) + KEEP + [
             "--", "sh", "-c", script]), paths.work.parent)
         assert wait_until(lambda: (paths.work / "child").exists()

@@ -7,6 +7,7 @@ import fcntl
 import os
 import pty
 import select
+import shlex
 import signal
 import subprocess
 import termios
@@ -235,8 +236,8 @@ def read_pty_until(master, text, timeout=20.0):
 
 
 def test_ctrl_c_on_the_terminal_ends_the_command(paths):
-    spec_member = "sleep 300 & echo $! > %s/member; exec %s %s/catcher.py --read" % (
-        paths.work, PY, HELPERS)
+    spec_member = "sleep 300 & echo $! > %s/member; exec %s --read" % (
+        paths.work, shlex.join([PY, os.path.join(HELPERS, "catcher.py")]))
     proc, master = spawn_in_pty(supervisor_cmd(*paths.options() + ["--", "sh", "-c", spec_member]))
     try:
         read_pty_until(master, "ready")
@@ -322,7 +323,7 @@ def test_ctrl_z_suspends_the_run_and_fg_resumes_it(paths):
     proc, master = spawn_in_pty(["env", "PS1=prompt$ ", "bash", "--norc", "--noprofile", "-i"])
     try:
         read_pty_until(master, "prompt$ ")
-        command = " ".join(supervisor_cmd(*paths.options() + ["--"] + CATCHER + ["--read"]))
+        command = shlex.join(supervisor_cmd(*paths.options() + ["--"] + CATCHER + ["--read"]))
         os.write(master, command.encode() + b"\n")
         read_pty_until(master, "ready")
         os.write(master, b"\x1a")
@@ -486,7 +487,7 @@ def test_a_supervisor_killed_with_sigkill_leaves_no_receipt(paths):
 
 
 def test_children_inherited_from_before_exec_are_never_touched(paths):
-    inner = " ".join(supervisor_cmd(*paths.options(timeout=10) + [
+    inner = shlex.join(supervisor_cmd(*paths.options(timeout=10) + [
         "--", "sh", "-c", "'sleep 0.2; exit 0'"]))
     script = "sleep 300 >/dev/null 2>&1 & echo inherited=$!; sleep 0.05 & exec %s" % inner
     result = run(["sh", "-c", script])
@@ -495,7 +496,7 @@ def test_children_inherited_from_before_exec_are_never_touched(paths):
         assert result.returncode == 0, result.stderr  # the quick inherited child's exit is not ours
         assert alive(inherited)
         assert read_receipt(paths.receipt)["preserved"] == []
-        forced = "sleep 300 >/dev/null 2>&1 & echo inherited=$!; exec %s" % " ".join(supervisor_cmd(
+        forced = "sleep 300 >/dev/null 2>&1 & echo inherited=$!; exec %s" % shlex.join(supervisor_cmd(
             *paths.options(timeout=0.3) + ["--", "sleep", "30"]))
         result = run(["sh", "-c", forced])
         second = int(result.stdout.split("=")[1])
