@@ -190,7 +190,7 @@ def test_zombies_behind_a_page_of_live_services_are_reaped_too(paths):
     script = ("(for i in $(seq 1100); do setsid sleep 60 & done; "
               "for i in $(seq 50); do setsid sleep 1 & done); echo READY; exec sleep 60")
     inner = shlex.join(supervisor_cmd(*paths.options(cleanup=2, stop=True) + [
-        "--drain-all", "--", "sh", "-c", "'%s'" % script]))
+        "--drain-all", "--", "sh", "-c", script]))
     argv = ["sh", "-c", "sleep 0.1 & exec " + inner]  # the caller's child, which exits at once
     proc = spawn(in_own_pid_namespace(argv))
     read_lines_until(proc.stdout, "READY", timeout=60)

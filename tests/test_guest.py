@@ -45,9 +45,13 @@ def test_the_batch_that_needs_cgroup_v2_controllers_passes_in_a_pure_cgroup_v2_g
             pytest.fail("SUPERVISOR_REQUIRE_GUEST=1, and the guest cannot run: " + why)
         pytest.skip(why)
     # (The GiB of output is the host's to test: in the guest it costs 20 s.)
-    command = "%s -m pytest -q -n 0 -p no:cacheprovider -rs -k 'not gib' %s" % (
+    # The host's /tmp is seen (a checkout may be there), below the overlay;
+    # the tests' own files go to a fresh tmpfs (TMPDIR: on the overlay a
+    # copied-up file's st_dev is not its directory's).
+    command = "TMPDIR=/dev/shm %s -m pytest -q -n 0 -p no:cacheprovider -rs -k 'not gib' %s" % (
         shlex.quote(PY), " ".join(BATCH))
-    env = dict(os.environ, TREEREAP_IN_GUEST="1", PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, TREEREAP_IN_GUEST="1", PYTHONDONTWRITEBYTECODE="1",
+               VMRIG_HOST_TMP="1")
     env.pop("PYTEST_XDIST_WORKER", None)
     result = subprocess.run([HARNESS, command], cwd=ROOT, env=env, timeout=1200,
                             universal_newlines=True, stdout=subprocess.PIPE,

@@ -488,7 +488,7 @@ def test_a_supervisor_killed_with_sigkill_leaves_no_receipt(paths):
 
 def test_children_inherited_from_before_exec_are_never_touched(paths):
     inner = shlex.join(supervisor_cmd(*paths.options(timeout=10) + [
-        "--", "sh", "-c", "'sleep 0.2; exit 0'"]))
+        "--", "sh", "-c", "sleep 0.2; exit 0"]))
     script = "sleep 300 >/dev/null 2>&1 & echo inherited=$!; sleep 0.05 & exec %s" % inner
     result = run(["sh", "-c", script])
     inherited = int(result.stdout.split("=")[1])
