@@ -2634,8 +2634,7 @@ class _Run(object):
         self.callers = self.reaper = self.budget = self.record = None
         self.fields = {"containment": None, "cgroup": None, "kept_cgroup": None, "usage": None,
                        "limits_set": {}}
-        self.output = None              # --output: an _Output
-        self.ctrl_c = None              # at a terminal, while running: a _CtrlC
+        self.output = self.ctrl_c = None  # --output's _Output; at a terminal, a _CtrlC
         self.cpu_check_at = 0.0 if plan.cpu_time else float("inf")  # --cpu-time: the next read
         self.cgroup_unavailable = None  # why auto did not take a cgroup
         self.terminal = None            # fd 0, when the command was given the terminal
@@ -2791,7 +2790,7 @@ class _CtrlC(_HoldsFd):
 
     def __init__(self, pgid):
         self.fd, write_end = _pipe()
-        self.pid = _acquire("fork", os.fork)
+        parent, self.pid = os.getpid(), _acquire("fork", os.fork)
         if self.pid == 0:
             try:
                 os.setpgid(0, pgid)
@@ -2801,9 +2800,10 @@ class _CtrlC(_HoldsFd):
                 heard = (signal.SIGINT, signal.SIGQUIT)
                 for sig in set(_VALID_SIGNALS) - set(heard + (signal.SIGKILL, signal.SIGSTOP)):
                     signal.signal(sig, signal.SIG_IGN)
-                signal.pthread_sigmask(signal.SIG_BLOCK, heard)
-                while True:
-                    os.write(0, bytes([signal.sigwait(heard)]))
+                signal.pthread_sigmask(signal.SIG_SETMASK, heard)
+                while os.getppid() == parent:  # (it died before PR_SET_PDEATHSIG: we end)
+                    info = signal.sigwaitinfo(heard)  # the terminal's (SI_KERNEL), not a kill()
+                    os.write(0, bytes([info.si_signo] * (info.si_code == 0x80)))
             finally:
                 os._exit(0)
         os.close(write_end)
@@ -2928,8 +2928,7 @@ def _prepare(run):
     if run.plan.stop_path is not None:
         run.watch = _StopFileWatch(run.plan.stop_path)
         run.callers.children.add(run.watch.pid)  # none of the run's: never signalled, kept, reaped
-    if run.plan.output is not None:
-        run.output = _Output(run.plan.output, run.plan.max_output)
+    run.output = _Output(run.plan.output, run.plan.max_output) if run.plan.output else None
 
 
 def _choose_containment(run):
@@ -3367,8 +3366,8 @@ def _drive(run):
 
 
 def _leave_running(run):
-    if run.ctrl_c is not None:
-        run.ctrl_c.close()
+    if run.ctrl_c is not None:  # (reaped at _release: until then its pid stays its own)
+        _quietly_signal(run.ctrl_c.pid, signal.SIGKILL)
     if run.stop_reason is None:
         if run.watch is not None:
             run.watch.last_look(_STOP_FILE_ANSWER)
@@ -3384,7 +3383,8 @@ def _first_signal(run):
 def _run_signal(run):
     """The first signal of the run's stop: the signal that stopped it, if
     it is one of _PASSED_ON; else -s."""
-    return run.stop_signal if run.stop_signal in _PASSED_ON else run.plan.stop_signal
+    passed_on = set(_PASSED_ON) - run.catcher.ignored_by_caller  # (ignored by the command too)
+    return run.stop_signal if run.stop_signal in passed_on else run.plan.stop_signal
 
 
 def _keep_what(run):
@@ -4644,7 +4644,9 @@ def _path_in(argv, option="--receipt"):
     while i < len(argv) and argv[i] != "--" and argv[i].startswith("-") and argv[i] != "-":
         name, has_value, value = _split_option(argv[i])
         row = _option(name)
-        if row is not None and _takes_value(row) and not has_value:
+        if row is not None and not _takes_value(row) and has_value and name[1] != "-":
+            argv, i = argv[:i] + ["-" + value] + argv[i + 1:], i - 1  # -vs INT: -s INT
+        elif row is not None and _takes_value(row) and not has_value:
             i += 1
             value = argv[i] if i < len(argv) else None
         if name == option:
@@ -4736,10 +4738,10 @@ def main(argv=None):
         _complain("the stop file %s is there: the command was not started" % plan.stop_path)
     elif plan.verbose:
         _complain(_outcome(run, receipt, status))
-    _write_summary(summary, "\n".join(line for line in (
+    _write_summary(summary, (
         _outcome(run, receipt, status), receipt["error"], None if receipt["cleanup_confirmed"]
         else _unconfirmed_message(receipt), "receipt: %s" % (
-            "none: " + _os_error_text(lost) if lost else plan.receipt or "none")) if line))
+            "none: " + _os_error_text(lost) if lost else plan.receipt or "none")))
     return status
 
 
@@ -4753,20 +4755,23 @@ def _refuse(message, target, argv):
     if left and not message.startswith("--receipt"):
         message += "; " + left
     _complain(message)
-    _write_summary(_path_in(argv, "--summary"), "refused, exit status 125: %s" % message)
+    _write_summary(_path_in(argv, "--summary"), ["refused, exit status 125: %s" % message])
     return EXIT_FAILURE
 
 
-def _write_summary(path, text):
-    """--summary: text, cut to 4 KiB (a Kubernetes termination message), in
-    place: an atomic rename cannot replace a bind-mounted file. Never
-    through a symlink; a failure is one line, and changes no status."""
+def _write_summary(path, lines):
+    """--summary: the lines given (None: left out), each made printable (a
+    process name cannot add a line), cut to 4 KiB (a Kubernetes termination
+    message), in place: an atomic rename cannot replace a bind-mounted file.
+    Never through a symlink, never blocked by a FIFO; a failure is one line,
+    and changes no status."""
     if path is None:
         return
     try:
-        with open(path, "wb", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW,
-                                                                0o644)) as f:
-            f.write((text.rstrip("\n") + "\n").encode("utf-8", "replace")[:_SUMMARY_LIMIT])
+        with open(path, "wb", opener=lambda name, flags: os.open(
+                name, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)) as f:  # a FIFO: ENXIO
+            f.write("".join("".join(c if c.isprintable() else ascii(c)[1:-1] for c in line) + "\n"
+                            for line in lines if line).encode("utf-8", "replace")[:_SUMMARY_LIMIT])
     except OSError as e:
         _complain("--summary: cannot write %s: %s" % (path, _os_error_text(e)))
 

@@ -169,7 +169,8 @@ def test_a_look_that_fails_is_never_an_empty_one(paths):
             receipt = read_receipt(paths.receipt)
             assert receipt["cleanup_confirmed"] is False and receipt["exit_status"] == 125
         assert "0 process(es)" not in err
-        assert not alive(int(pids["member"]))
+        # Killed by the stop (its SIGKILL may land after the supervisor's exit, loaded).
+        assert wait_until(lambda: not alive(int(pids["member"])), timeout=10)
     finally:
         kill_all([int(pids["service"])])
 
