@@ -106,6 +106,15 @@ def test_receipt_inside_the_workdir_is_refused(sandbox):
     refused(sandbox, good(sandbox, **{"--receipt": inside}), must_name="--receipt")
 
 
+def test_a_refusal_after_a_bundle_still_removes_the_earlier_receipt(sandbox):
+    receipt = sandbox["top"] / "ctl" / "receipt.json"
+    receipt.parent.mkdir()
+    receipt.write_text("{}")
+    result = run_supervisor("-vs", "INT", "--receipt", receipt, "--timeout", "bogus", "--",
+                            "true")
+    assert result.returncode == 125 and not receipt.exists(), result.stderr
+
+
 def test_an_unknown_short_option_in_a_bundle_is_named(sandbox):
     refused(sandbox, ["-vx"] + good(sandbox), must_name="unknown option -x")
 

@@ -407,6 +407,13 @@ def test_the_summary_goes_into_a_bind_mounted_file_at_most_4_kib(paths, tmp_path
     assert source.read_text().startswith("refused, exit status 125: --timeout: 'x'")
 
 
+def test_a_fifo_at_the_summary_path_never_blocks(paths, tmp_path):
+    fifo = tmp_path / "summary"
+    os.mkfifo(str(fifo))
+    result = run_supervisor(*paths.options() + ["--summary", fifo, "--", "true"], timeout=60)
+    assert result.returncode == 0 and "--summary: cannot write" in result.stderr
+
+
 def test_a_symlink_at_the_summary_path_is_not_followed(paths, tmp_path):
     target, link = tmp_path / "target", tmp_path / "summary"
     target.write_text("untouched")

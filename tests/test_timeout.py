@@ -166,6 +166,20 @@ def test_a_stop_signal_reaches_the_command_as_itself(tmp_path, sig):
     assert (tmp_path / "got").read_text().strip() == signal.Signals(sig).name[3:]
 
 
+def test_a_sigterm_the_caller_ignored_is_not_passed_on(tmp_path):
+    """A launcher that fenced its start-up (trap '' TERM; exec ...) leaves
+    SIGTERM ignored in the command: a SIGTERM to the supervisor stops the
+    run with -s (INT here), which the command does not ignore."""
+    script = "trap 'echo INT > got; exit 3' INT; echo > running; while :; do sleep 0.1; done"
+    launcher = "trap '' TERM; exec %s" % shlex.join(timeout("-sINT", "25", "sh", "-c", script))
+    proc = spawn(["sh", "-c", launcher], cwd=str(tmp_path), preexec_fn=plain_signals())
+    assert wait_until((tmp_path / "running").exists)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert (tmp_path / "got").read_text().strip() == "INT"
+
+
 def test_sigalrm_to_the_supervisor_is_a_stop_by_that_signal(tmp_path):
     """DIFFERENT: timeout(1) takes SIGALRM for its own timer (124); here it is
     a stop by signal (142). Nested as in coreutils' test, the command is

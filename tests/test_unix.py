@@ -254,6 +254,20 @@ def test_ctrl_c_on_the_terminal_ends_the_command(paths):
     assert not alive(int((paths.work / "member").read_text()))
 
 
+def test_the_commands_own_sigint_to_its_group_is_not_a_ctrl_c(paths):
+    """At a terminal the listener hears the terminal's signals only: a
+    command that sends SIGINT to its own group (kill -INT 0) and catches it
+    runs to its end."""
+    script = "trap 'echo caught' INT; echo ready; kill -INT 0; sleep 0.3; exit 4"
+    proc, master = spawn_in_pty(supervisor_cmd(*paths.options() + ["--", "sh", "-c", script]))
+    try:
+        read_pty_until(master, "caught")
+        assert proc.wait(timeout=60) == 4
+    finally:
+        os.close(master)
+    assert read_receipt(paths.receipt)["stop_reason"] == "exit"
+
+
 @pytest.mark.parametrize("key, sig", [(b"\x03", signal.SIGINT), (b"\x1c", signal.SIGQUIT)])
 def test_ctrl_c_stops_a_command_that_catches_it_as_timeout_k_would(paths, key, sig):
     """The terminal's Ctrl-C (Ctrl-\\) goes to the command's group, which
