@@ -1815,10 +1815,11 @@ def _unescape(field):
 
 
 def _cgroup_for_run(fs, plan):
-    """(our cgroup, the one we stay in, the run's, made in the first, with
-    its limits set), or _NoCgroup saying why not: it needs pidfds (Linux
-    5.3, and no seccomp filter that refuses them: every member is signalled
-    through one), cgroup.freeze (5.2) and cgroup.kill (5.14)."""
+    """(the cgroup the run's is made in, the one we stay in, the run's, the
+    limits set, the leftover runs ended), or _NoCgroup saying why not: it
+    needs pidfds (Linux 5.3, and no seccomp filter that refuses them: every
+    member is signalled through one), cgroup.freeze (5.2) and cgroup.kill
+    (5.14)."""
     try:
         pidfd = _pidfd_open(os.getpid())
     except OSError as e:
@@ -1853,7 +1854,6 @@ def _cgroup_for_run(fs, plan):
                             "cannot use the cgroup %s (cgroup.kill needs Linux 5.14)"
                             % cgroup.shown)
     return home, own, cgroup, limits_set, ended
-
 
 
 def _limits_asked(plan):
