@@ -3236,7 +3236,8 @@ def _exec_from_path(name, argv, environment):
 
 def _run_until_stop(run):
     """running: block until the command exits (or its exec fails), the
-    deadline passes, the stop file appears or a stop signal arrives."""
+    deadline passes, the stop file appears, the CPU time (--cpu-time) is
+    spent or a stop signal arrives."""
     while True:
         run.report.read(block=False)
         if run.report.failure:
