@@ -2674,7 +2674,7 @@ def _wait(run, endtime, fds=(), priority_fds=()):
     if run.reaper.pending:
         endtime = min(endtime, run.reaper.next_list_reap)
     ready = _wait_ready(wanted + list(fds), priority_fds, endtime - _now())
-    if output_fd is not None:
+    if output_fd in ready:  # (not at every wake-up: a read that finds nothing is a syscall)
         run.output.pump()
     if ctrl_c_fd in ready:  # (a SIGINT the caller ignored stays ignored, here too)
         run.catcher.pending.extend((sig, _now()) for sig in run.ctrl_c.heard()
