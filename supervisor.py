@@ -824,6 +824,11 @@ class _CallersJobs(object):
             todo.extend(p for p in (fs.stat(pid) for pid in fs.children(proc.pid, proc.threads))
                         if p is not None)
 
+    def spare(self, pid):
+        """A child of ours that is none of the run's (the lookout, the
+        listener): never signalled, kept or reaped with it."""
+        self.children.add(pid)
+
     def claims(self, proc, in_group):
         """For our own children: the caller's (known at start), or adopted
         since in one of the caller's jobs' groups, which a process of the run
@@ -841,34 +846,42 @@ class _Reaper(object):
     """The one rule of reaping: an exited child of ours, but never the command
     before done (its zombie keeps its group id from being reused while the
     group is signalled), nor a child the caller had before the run (the
-    caller waits for it), nor one a walk holds by its pid. Runs whenever
-    SIGCHLD wakes a wait, in every state, so zombies never pile up, and
-    during a long look (reap_when_due)."""
+    caller waits for it), nor one a walk holds by its pid (`spared`). Runs
+    whenever SIGCHLD wakes a wait, in every state, so zombies never pile
+    up, and during a long look (reap_when_due)."""
 
     def __init__(self, children, callers):
         self.children, self.callers = children, callers
         self.command = None         # the command's pid, while it must stay unreaped
-        self.held = set()           # children a walk signals by pid (no pidfd): not yet
         self.next_list_reap, self.pending, self.next_due = 0.0, False, 0.0
 
-    def reap(self, pid):
+    def hold_command(self, pid):
+        self.command = pid
+
+    def release_command(self):
+        """From now on the command may be reaped; reap what is due, the list
+        too (a zombie of the caller's hides none of ours)."""
+        self.command, self.next_list_reap = None, 0.0
+        self.reap_exited()
+
+    def reap(self, pid, spared=()):
         """Reap pid if the rule allows and it has exited. Did it?"""
-        if pid == self.command or pid in self.callers.children or pid in self.held:
+        if pid == self.command or pid in self.callers.children or pid in spared:
             return False
         try:
             return os.waitpid(pid, os.WNOHANG)[0] != 0
         except ChildProcessError:
             return False
 
-    def reap_when_due(self):
+    def reap_when_due(self, spared=()):
         """A look at a storm takes seconds, and the zombies it makes meanwhile
         would lengthen every list we read: reap every _REAP_LIST_INTERVAL."""
         now = _now()
         if now >= self.next_due:
             self.next_due = now + _REAP_LIST_INTERVAL
-            self.reap_exited()
+            self.reap_exited(spared)
 
-    def reap_exited(self):
+    def reap_exited(self, spared=()):
         """Every exited child the rule allows, at most _REAP_BATCH or a page of
         our list of children a call (see below): a storm can make zombies
         faster than a starved supervisor reaps them, and the caller's
@@ -885,7 +898,7 @@ class _Reaper(object):
                 return
             if info is None:
                 return
-            if self.reap(info.si_pid):
+            if self.reap(info.si_pid, spared):
                 continue
             # The command's zombie (or the caller's) is the one waitid() shows,
             # and it hides the others behind it: reap them by pid, from the
@@ -897,10 +910,10 @@ class _Reaper(object):
                 self.pending = True
                 return
             oldest = self.children.oldest()
-            reaped = [pid for pid in oldest if self.reap(pid)]
+            reaped = [pid for pid in oldest if self.reap(pid, spared)]
             if not reaped and len(oldest) > _REAP_BATCH:  # a page of live ones: look past it
                 reaped = [pid for pid in self.children.all(_now() + _REAP_SLICE)[len(oldest):]
-                          if self.reap(pid)]
+                          if self.reap(pid, spared)]
             self.next_list_reap, self.pending = now + _REAP_LIST_INTERVAL, bool(reaped)
             return
         self.pending, self.next_list_reap = True, _now()  # more to reap: right after a look
@@ -964,19 +977,17 @@ class _FdBudget(object):
 
 
 class _Record(object):
-    """What the cleanup ended, for the receipt's `drained`: from the cleanup
-    on, every live process a look finds in its scope, and those seen to
-    exit."""
+    """What the cleanup ended, for the receipt's `drained`: every live
+    process a look finds in its scope (the looks begin with the cleanup),
+    and those seen to exit."""
 
     def __init__(self, fs):
         self.fs = fs
-        self.on = False
         self.ended = {}             # identity -> _Proc
         self.gone = set()           # identities whose pin showed them exit
 
     def saw(self, proc):
-        if self.on:
-            self.ended.setdefault(proc.identity, proc)
+        self.ended.setdefault(proc.identity, proc)
 
     def exited(self, proc):
         self.gone.add(proc.identity)
@@ -1126,15 +1137,32 @@ def _signal_group(fs, pid, sig):
         _quietly_signal(pid, sig)
 
 
+class _Scope(object):
+    """Whom a drain ends, given to every walk: the command's group (the
+    command's pid, which is the group id, ours while its zombie is held;
+    None for --end-kept), the identities of the kept roots, and how far it
+    reaches: _RUN (every process of the run not kept), _GROUP (the group
+    alone) or None (nothing: everything is kept)."""
+    __slots__ = ("group", "kept", "reach")
+
+    def __init__(self, group, kept=frozenset(), reach=_RUN):
+        self.group, self.kept, self.reach = group, kept, reach
+
+    def in_group(self, proc):
+        return proc.pgid == self.group or proc.pid == self.group
+
+
 class _Walk(object):
     """The result of one look: the live processes in scope (parents first),
     pins on them when asked for, every process seen outside kept subtrees,
     whether nothing it read changed under it, and whether it was whole (not
-    cut short by its endtime)."""
-    __slots__ = ("found", "pins", "seen", "stable", "whole", "wait_budget")
+    cut short by its endtime). `held`: our children it holds by their pid
+    alone (no pidfd), which the reaper must leave until the walk has left
+    them (their pid must stay their own)."""
+    __slots__ = ("found", "pins", "seen", "stable", "whole", "wait_budget", "held")
 
     def __init__(self):
-        self.found, self.pins, self.seen = [], [], set()
+        self.found, self.pins, self.seen, self.held = [], [], set(), set()
         self.stable = self.whole = True
         self.wait_budget = None     # how many pins it may keep: counted at the first
 
@@ -1142,41 +1170,32 @@ class _Walk(object):
 class _Walker(object):
     """The run's processes, found by walking /proc from this process, a child
     subreaper, down through the children files (for --end-kept: from the
-    kept processes down). Why a look finds every process of the run, and
-    when two looks confirm: docs/design.md, "The /proc walk".
+    kept processes down), within the _Scope each call is given. Why a look
+    finds every process of the run, and when two looks confirm:
+    docs/design.md, "The /proc walk".
 
     Only what is provably ours is signalled: the command's process group
     while its leader is held unreaped, our own unreaped children, and
     processes pinned by a pidfd after /proc showed that their parent, alive
-    and proven, is their parent still. Its state: the command's pid and
-    group, the identities of the kept roots, and the scope of the drain."""
+    and proven, is their parent still."""
 
     def __init__(self, fs, children, callers, reaper, budget, record, roots=None):
         self.fs, self.children, self.callers = fs, children, callers
         self.reaper, self.budget, self.record = reaper, budget, record
         self.me = children.me
         self.roots = roots          # --end-kept: {pid: pin} of the kept processes
-        self.pid = self.pgid = None  # the command: its group is always in scope
-        self.kept = set()           # identities of the kept roots
-        self.scope = _RUN           # _RUN, _GROUP, or None: nothing to drain
 
-    def in_group(self, proc):
-        return proc.pgid == self.pgid or proc.pid == self.pid
-
-    def signal_group(self, sig):
-        _signal_group(self.fs, self.pid, sig)
-
-    def detached(self, endtime=None):
+    def detached(self, scope, endtime=None):
         """Our live children outside the command's group, but never the
         command itself (it may have moved to another group), nor the caller's."""
         return [proc for proc in self.children.live(endtime, self.reaper)
-                if not self.in_group(proc) and not self.claimed(proc)]
+                if not scope.in_group(proc) and not self.claimed(proc, scope)]
 
-    def claimed(self, proc):
+    def claimed(self, proc, scope):
         """The caller's, or unattributed (see _CallersJobs.claims)."""
-        return self.callers.claims(proc, self.in_group(proc))
+        return self.callers.claims(proc, scope.in_group(proc))
 
-    def kill_round(self, endtime):
+    def kill_round(self, scope, endtime):
         """SIGKILL the scope: one round of the drain. The walk stops each
         process as it finds it (none forks, or dies and hands its children
         to a list read before, while it reads on) and kills it once its
@@ -1184,17 +1203,17 @@ class _Walker(object):
         pinned. Then wait for its pins; or, when it found only what it could
         not yet prove ours, a moment (an adoption's SIGCHLD wakes it sooner);
         or, when it found nothing but was disturbed, a shorter one."""
-        scope = self.scope or _GROUP
-        self.signal_group(signal.SIGSTOP)
-        if scope == _RUN and self.roots is None:
-            self._stop_own_children(endtime)
-        walk = self.walk(hold=True, kill=True, endtime=endtime, scope=scope)
-        self.signal_group(signal.SIGKILL)
+        reach = scope.reach or _GROUP
+        _signal_group(self.fs, scope.group, signal.SIGSTOP)
+        if reach == _RUN and self.roots is None:
+            self._stop_own_children(scope, endtime)
+        walk = self.walk(scope, hold=True, kill=True, endtime=endtime, reach=reach)
+        _signal_group(self.fs, scope.group, signal.SIGKILL)
         if walk.pins:
             return _Round(walk, _PinWaiter(self.fs, self.record, walk.pins))
         return _Round(walk, _Pause(_DRAIN_ROUND_LIMIT if walk.found else _UNSETTLED_RETRY))
 
-    def confirm(self, endtime, previous):
+    def confirm(self, scope, endtime, previous):
         """([], True) once two looks in a row found nothing alive in scope,
         each undisturbed, and saw the same processes (a process that died
         during the first look handed its children to a list read before: the
@@ -1203,7 +1222,7 @@ class _Walker(object):
         disturbed (a few tries: the caller waits before it asks again) or
         time ran out."""
         for _ in range(_CONFIRM_TRIES):
-            walk = self.walk(endtime=endtime, scope=self.scope or _GROUP)
+            walk = self.walk(scope, endtime=endtime, reach=scope.reach or _GROUP)
             if walk.found:
                 return walk.found, walk.stable
             if walk.stable and previous is not None and walk.seen == previous.seen:
@@ -1213,21 +1232,23 @@ class _Walker(object):
             previous = walk if walk.stable else None
         return [], False
 
-    def census(self, endtime):
+    def census(self, scope, endtime):
         """(What of the run is alive, whether the look saw all of it): one
-        look that needs no stability."""
-        walk = self.walk(endtime=endtime, careful=False, scope=self.scope or _GROUP)
+        look that needs no stability; nothing when everything is kept."""
+        if scope.reach is None:
+            return [], True
+        walk = self.walk(scope, endtime=endtime, careful=False)
         return walk.found, walk.whole and walk.stable
 
-    def walk(self, hold=False, kill=False, endtime=None, careful=True, scope=None):
-        """One look from the roots down: the live processes in scope (by
-        default the walker's), parents first. With hold, each one in scope
-        is proven ours, pinned, and stopped (SIGSTOP) as it is found, and the
-        walk keeps the pins it can; with kill, it is SIGKILLed too once its
-        children are done. careful: a process whose children were read must
-        still be alive after the read, else the walk is unstable (its
-        children may have moved to a list read before)."""
-        scope = self.scope if scope is None else scope
+    def walk(self, scope, hold=False, kill=False, endtime=None, careful=True, reach=None):
+        """One look from the roots down: the live processes in scope (reach:
+        the scope's, unless given), parents first. With hold, each one in
+        scope is proven ours, pinned, and stopped (SIGSTOP) as it is found,
+        and the walk keeps the pins it can; with kill, it is SIGKILLed too
+        once its children are done. careful: a process whose children were
+        read must still be alive after the read, else the walk is unstable
+        (its children may have moved to a list read before)."""
+        reach = scope.reach if reach is None else reach
         walk = _Walk()
         # Items are (parent node, pid) to visit, or (node, None) to leave.
         stack = [(None, pid) for pid in reversed(self._top(endtime))]
@@ -1235,20 +1256,18 @@ class _Walker(object):
             while stack:
                 out_of_time = endtime is not None and _now() >= endtime
                 if not out_of_time and self.roots is None:  # --end-kept reaps nothing
-                    self.reaper.reap_when_due()
+                    self.reaper.reap_when_due(walk.held)
                 parent, pid = stack.pop()
                 if pid is None:
-                    self._leave(parent, kill, walk)
+                    self._leave(parent, kill, walk, scope)
                 elif out_of_time:
                     walk.stable = walk.whole = False  # the look is partial
                 else:
-                    node = self._visit(parent, pid, scope, hold, walk)
+                    node = self._visit(parent, pid, scope, reach, hold, walk)
                     if node is None:
                         continue
                     if parent is None and node[1] is not None and node[1].fd is None:
-                        # Our child, proven by its pid alone: the reaper leaves
-                        # it until the walk has left it (its pid must stay its own).
-                        self.reaper.held.add(pid)
+                        walk.held.add(pid)  # our child, proven by its pid alone
                     stack.append((node, None))  # left, and its pin closed, whatever happens
                     children = self.fs.children(node[0].pid, node[0].threads)
                     if careful and not self._still_there(node):
@@ -1258,7 +1277,7 @@ class _Walker(object):
             hold = False  # a failed look: nobody will use its pins
             raise
         finally:
-            self.reaper.held.clear()
+            walk.held.clear()
             for node, pid in stack:
                 if pid is None:
                     _closed(node[1])
@@ -1272,7 +1291,7 @@ class _Walker(object):
             return self.children.all(endtime)
         return [pid for pid, pin in self.roots.items() if not _readable(pin.fd)]
 
-    def _leave(self, node, kill, walk):
+    def _leave(self, node, kill, walk, scope):
         """Its children are done: kill it (with kill), and keep its pin, for
         the stop signal (a look) or for waiting (a kill walk), while the fd
         limit allows; past it, a process the look stopped runs on (SIGCONT):
@@ -1280,19 +1299,19 @@ class _Walker(object):
         proc, pin, _ = node
         if pin is None:
             return
-        self.reaper.held.discard(proc.pid)
-        if kill and not self.in_group(proc):
+        walk.held.discard(proc.pid)
+        if kill and not scope.in_group(proc):
             pin.send(signal.SIGKILL)
         if walk.wait_budget is None:
             walk.wait_budget = self.budget.allowed()
         if len(walk.pins) < walk.wait_budget:
             walk.pins.append(pin)
             return
-        if not kill and not self.in_group(proc):
+        if not kill and not scope.in_group(proc):
             pin.send(signal.SIGCONT)
         pin.close()
 
-    def _visit(self, parent, pid, scope, hold, walk):
+    def _visit(self, parent, pid, scope, reach, hold, walk):
         """Look at one process. None when it is gone, moved, the caller's, or
         one of our zombies (reaped here, never carried); else (proc, pin,
         kept) to descend into, pin proving it ours for its children's sake."""
@@ -1309,20 +1328,20 @@ class _Walker(object):
                 walk.stable = False
             return _closed(pin)
         if parent is None and self.roots is None:
-            if self.claimed(proc):
+            if self.claimed(proc, scope):
                 return _closed(pin)
-            if not proc.live and self.reaper.reap(pid):
+            if not proc.live and self.reaper.reap(pid, walk.held):
                 # Gone for good: the next look will not see it either; but it
                 # may have died after our list was read.
                 walk.stable = False
                 return _closed(pin)
         if not parent_kept:
             walk.seen.add(proc.identity)
-        kept = parent_kept or proc.identity in self.kept
-        if proc.live and (self.in_group(proc) or (scope == _RUN and not kept)):
+        kept = parent_kept or proc.identity in scope.kept
+        if proc.live and (scope.in_group(proc) or (reach == _RUN and not kept)):
             walk.found.append(proc)
             self.record.saw(proc)
-            if pin is not None and not self.in_group(proc):
+            if pin is not None and not scope.in_group(proc):
                 pin.send(signal.SIGSTOP)  # the group was stopped before the walk
             return (proc, pin, kept)
         return (proc, _closed(pin), kept)
@@ -1380,7 +1399,7 @@ class _Walker(object):
             return not _readable(pin.fd)
         return self.fs.alive(proc)
 
-    def _stop_own_children(self, endtime):
+    def _stop_own_children(self, scope, endtime):
         """SIGSTOP every child of ours that is not a kept service or the
         caller's, before the walk looks at anything, then reap the zombies
         among them. Orphans of a tree that keeps forking are adopted by us,
@@ -1392,8 +1411,8 @@ class _Walker(object):
         walk always gets its turn. By pid: an unreaped child's pid is its own,
         and a kept service is recognised by its pid (should that pid be
         reused, the process is only left to the walk)."""
-        spared = set(pid for pid, _ in self.kept | self.callers.processes) | self.callers.children
-        spared.add(self.pid)
+        spared = set(pid for pid, _ in scope.kept | self.callers.processes) | self.callers.children
+        spared.add(scope.group)
         seen = set()
         for _ in range(_STOP_PASSES):
             fresh = [pid for pid in reversed(self.children.all(endtime))
@@ -1403,7 +1422,7 @@ class _Walker(object):
             seen.update(fresh)
             if self.callers.groups:  # the caller's jobs are known by group: look first
                 procs = [(pid, self.fs.stat(pid)) for pid in fresh]
-                fresh = [pid for pid, proc in procs if proc is None or not self.claimed(proc)]
+                fresh = [pid for pid, proc in procs if proc is None or not self.claimed(proc, scope)]
             # Thousands of them, each kill() slower for the storm: mind the time.
             for each in (lambda pid: _quietly_signal(pid, signal.SIGSTOP), self.reaper.reap):
                 for pid in fresh:
@@ -1413,46 +1432,39 @@ class _Walker(object):
 
 # --- The containment: the seam, and the run held by the walk alone ---------------------------
 
+class _Look(object):
+    """What a look found and took, which the driver passes to the verbs
+    after it (no containment keeps it): what the policy keeps, the scope of
+    the drain, the live processes the stop will end (recorded), the pins
+    the walk took on them (/proc), the pids seen stopped and the kept
+    cgroup (cgroup). close() lets go of its pins and descriptors."""
+    __slots__ = ("keep", "scope", "found", "pins", "stopped", "kept_cgroup")
+
+    def __init__(self, keep, scope, found=(), pins=(), stopped=(), kept_cgroup=None):
+        self.keep, self.scope, self.found, self.pins = keep, scope, list(found), list(pins)
+        self.stopped, self.kept_cgroup = frozenset(stopped), kept_cgroup
+
+    def close(self):
+        _close_pins(self.pins)
+        if self.kept_cgroup is not None:
+            self.kept_cgroup.close()
+
+
 class _ProcContainment(object):
     """The run held by its process group and the /proc walk (no cgroup of
-    its own). One of the two implementations of the seam; the phases call
-    nothing else of either:
-
-        join(pid)            put pid in the run: 0, the child itself before
-                             its exec; the command, by the parent, when a
-                             stop comes before its exec report
-        started(pid)         the command's pid, which is also its group id
-        look(keep, endtime)  freeze the run, take what the policy keeps out
-                             of the drain (see _keep_what), and return the
-                             live processes the stop will end (recorded)
-        stop(sig, endtime)   send those sig (0: none), then SIGCONT, and let
-                             the run go on; a waiter for them to exit
-        kill(endtime)        SIGKILL at once what can be
-        drain_round(endtime) one round of the drain: a _Round
-        confirm(endtime, walk)  (alive, stable): the observation behind
-                             cleanup_confirmed; walk is the last round's
-        preserved(endtime)   the kept roots alive now (the receipt's preserved)
-        census(endtime)      (what of the run is alive, whether all was seen)
-        usage()              what the kernel counted for the run so far
-                             (a cgroup's cpu.stat, memory and pids), or None
-        finish()             the receipt's fields: containment, cgroup,
-                             kept_cgroup, usage, limits_set; a cgroup is
-                             removed here
-        close()
-    """
+    its own). One of the two implementations of the seam, whose verbs and
+    what each does are in docs/design.md ("The containment seam"); the
+    phases call nothing else of either. Each verb is a function of its
+    arguments and of what it looks at: what a look found is the _Look it
+    returns, which the driver hands to the verbs after it."""
 
     def __init__(self, walker):
         self.walker, self.where = walker, "the /proc walk (no cgroup)"
-        self.keeping = _KEEP_NOTHING
-        self.held = []              # the pins look() took, for stop()
 
     def join(self, pid):
         """The process group, made on both sides of the fork, is all the walk needs."""
 
-    def started(self, pid):
-        self.walker.pid = self.walker.pgid = pid
-
-    def look(self, keep, endtime):
+    def look(self, keep, group, endtime):
         """SIGSTOP the group, then walk: the walk stops every other process of
         the run as it finds it, so that none dies and hands its children to a
         list read before, nor forks, until the stop signal has reached them
@@ -1460,74 +1472,74 @@ class _ProcContainment(object):
         it; 'outside group' leaves only the group in it; 'everything'
         empties it."""
         walker = self.walker
-        walker.signal_group(signal.SIGSTOP)
-        self.keeping = keep
-        if keep == _KEEP_DETACHED:
-            walker.kept.update(p.identity for p in walker.detached(endtime))
-        walker.scope = {_KEEP_OUTSIDE_GROUP: _GROUP, _KEEP_EVERYTHING: None}.get(keep, _RUN)
-        if walker.scope is None:
-            return []
-        walk = walker.walk(hold=True, endtime=endtime)
-        self.held = walk.pins
-        return walk.found
+        _signal_group(walker.fs, group, signal.SIGSTOP)
+        kept = frozenset(p.identity for p in walker.detached(_Scope(group), endtime)
+                         if keep == _KEEP_DETACHED)
+        scope = _Scope(group, kept, {_KEEP_OUTSIDE_GROUP: _GROUP, _KEEP_EVERYTHING: None}.get(
+            keep, _RUN))
+        if scope.reach is None:
+            return _Look(keep, scope)
+        walk = walker.walk(scope, hold=True, endtime=endtime)
+        return _Look(keep, scope, walk.found, walk.pins)
 
-    def stop(self, sig, endtime):
+    def stop(self, look, sig, endtime):
         """sig, then SIGCONT, to the group (by killpg) and to every process
-        look() stopped (by its pin); a waiter on those pins."""
-        pins, self.held = self.held, []
+        the look stopped (by its pin); a waiter on those pins."""
+        scope, fs = look.scope, self.walker.fs
         # A pin without a pidfd is a child of ours, signalled by its pid: the
         # reaper may have freed that pid since the look; nothing reaps from
         # this check to the signals.
-        pins = [pin for pin in pins if pin.fd is not None or self._our_child(pin.proc)]
+        pins = [pin for pin in look.pins if pin.fd is not None or self._our_child(pin.proc)]
         for each in (sig, signal.SIGCONT):
             if each:
-                self.walker.signal_group(each)
+                _signal_group(fs, scope.group, each)
                 for pin in pins:
-                    if not self.walker.in_group(pin.proc):
+                    if not scope.in_group(pin.proc):
                         pin.send(each)
-        return _PinWaiter(self.walker.fs, self.walker.record, pins)
+        return _PinWaiter(fs, self.walker.record, pins)
 
     def _our_child(self, proc):
         now = self.walker.fs.stat(proc.pid)
         return now is not None and now.start == proc.start and now.ppid == self.walker.me
 
-    def kill(self, endtime):
-        self.walker.signal_group(signal.SIGKILL)
+    def kill(self, group):
+        _signal_group(self.walker.fs, group, signal.SIGKILL)
 
-    def drain_round(self, endtime):
-        return self.walker.kill_round(endtime)
+    def scope_now(self, look, endtime):
+        """The drain's scope: what the look kept (the detached services) stays kept."""
+        return look.scope
 
-    def confirm(self, endtime, walk):
-        return self.walker.confirm(endtime, walk)
+    def drain_round(self, scope, endtime):
+        return self.walker.kill_round(scope, endtime)
 
-    def preserved(self, endtime):
+    def confirm(self, scope, endtime, walk):
+        return self.walker.confirm(scope, endtime, walk)
+
+    def preserved(self, look, endtime):
         """The kept roots alive now: after a forced stop the services kept; at
         a natural exit every live child outside the group ('everything': every
         live child, the group's too)."""
-        walker = self.walker
-        if self.keeping == _KEEP_EVERYTHING:
+        walker, scope = self.walker, look.scope
+        if look.keep == _KEEP_EVERYTHING:
             return [p for p in walker.children.live(endtime, walker.reaper)
-                    if p.pid != walker.pid and not walker.claimed(p)]
-        if self.keeping == _KEEP_NOTHING:
+                    if p.pid != scope.group and not walker.claimed(p, scope)]
+        if look.keep == _KEEP_NOTHING:
             return []
-        return [p for p in walker.detached(endtime)
-                if self.keeping == _KEEP_OUTSIDE_GROUP or p.identity in walker.kept]
+        return [p for p in walker.detached(scope, endtime)
+                if look.keep == _KEEP_OUTSIDE_GROUP or p.identity in scope.kept]
 
-    def census(self, endtime):
-        if self.keeping == _KEEP_EVERYTHING:
-            return [], True
-        return self.walker.census(endtime)
+    def census(self, scope, endtime):
+        return self.walker.census(scope, endtime)
 
     def usage(self):
         return None
 
-    def finish(self):
+    def finish(self, look):
         return {"containment": "children", "cgroup": None, "kept_cgroup": None, "usage": None,
                 "limits_set": {}}
 
     def close(self):
-        _close_pins(self.held)
-        self.held = []
+        """Nothing of its own: the look's pins are the look's."""
 
 
 # --- The containment by a cgroup of the run's own ------------------------------------------------
@@ -1963,14 +1975,12 @@ class _CgroupContainment(object):
     down that finds nothing else of the run alive (docs/design.md, "The
     cgroup"). The verbs are _ProcContainment's."""
 
-    def __init__(self, home, own, cgroup, walker, limits_set):
-        self.home, self.own, self.cgroup, self.walker = home, own, cgroup, walker
-        self.fs, self.limits_set = walker.fs, limits_set
+    def __init__(self, home, own, cgroup, limits_set, walker, budget, record):
+        self.home, self.own, self.cgroup, self.limits_set = home, own, cgroup, limits_set
+        self.walker, self.budget, self.record = walker, budget, record
+        self.fs, self.me = walker.fs, os.getpid()
         self.where = "the cgroup %s" % cgroup.shown
-        self.kept_cgroup = None
-        self.keeping = _KEEP_NOTHING
-        self.stopped = set()        # pids of the members seen stopped (T) by look()
-        self.removed = False
+        self.removed = False        # the run's cgroup, once empty
 
     def join(self, pid):
         """Write pid into cgroup.procs: 0, the child itself, before its exec,
@@ -1982,10 +1992,7 @@ class _CgroupContainment(object):
         except ProcessLookupError:
             pass  # gone already: its exit says why
 
-    def started(self, pid):
-        self.walker.pid = self.walker.pgid = pid
-
-    def look(self, keep, endtime):
+    def look(self, keep, group, endtime):
         """Freeze the cgroup; move what is kept, while frozen, to the sibling
         cgroup: the services (our children outside the group) and their
         subtrees but for the group's members below them ('detached'), or
@@ -1996,45 +2003,54 @@ class _CgroupContainment(object):
         self.cgroup.write("cgroup.freeze", "1")
         _wait_for(None, _EventWaiter(self.cgroup, "frozen", "1"),
                   min(endtime, _now() + _FREEZE_LIMIT))
-        self.keeping = keep
+        scope = _Scope(group, reach=None if keep == _KEEP_EVERYTHING else _RUN)
         if keep == _KEEP_EVERYTHING:
-            self.kept_cgroup = self.cgroup
-            return []
-        members = self._members(endtime)
-        in_group = self.walker.in_group
-        if keep == _KEEP_DETACHED:
-            roots = [p for p in members.values() if p.ppid == self.walker.me and not in_group(p)]
-            self._move_to_kept(_subtrees(members, roots, stop=in_group))
-        elif keep != _KEEP_NOTHING:
-            self._move_to_kept([p for p in members.values() if not in_group(p)])
-        if keep != _KEEP_NOTHING:  # what is left once the kept moved out
-            members = self._members(endtime)
+            return _Look(keep, scope)
+        members, kept_cgroup = self._members(endtime), None
+        try:
+            if keep == _KEEP_DETACHED:
+                roots = [p for p in members.values()
+                         if p.ppid == self.me and not scope.in_group(p)]
+                kept_cgroup = self._move_to_kept(_subtrees(members, roots, stop=scope.in_group))
+            elif keep != _KEEP_NOTHING:
+                kept_cgroup = self._move_to_kept(
+                    [p for p in members.values() if not scope.in_group(p)])
+            if keep != _KEEP_NOTHING:  # what is left once the kept moved out
+                members = self._members(endtime)
+        except BaseException:
+            _closed(kept_cgroup)
+            raise
         found = list(members.values())
         for proc in found:
-            self.walker.record.saw(proc)
-        self.stopped = set(p.pid for p in found if p.state == "T")
-        return found
+            self.record.saw(proc)
+        return _Look(keep, scope, found, stopped=(p.pid for p in found if p.state == "T"),
+                     kept_cgroup=kept_cgroup)
 
     def _move_to_kept(self, procs):
-        """Leaves first, each pinned by a pidfd, and only from the run's own
-        cgroup: what a nested supervisor holds stays in its cgroup, below
-        ours (ended with ours, unless everything is kept)."""
+        """The kept cgroup, made for procs, which move there: leaves first,
+        each pinned by a pidfd, and only from the run's own cgroup (what a
+        nested supervisor holds stays in its cgroup, below ours: ended with
+        ours, unless everything is kept). None when nothing is to be kept."""
         if not procs:
-            return
-        if self.kept_cgroup is None:
-            self.kept_cgroup = self.home.make_child("%s.kept-%s" % (
-                self.cgroup.path.rsplit("/", 1)[-1], os.urandom(4).hex()))
-        for proc in reversed(procs):
-            fd = self.walker.budget.pidfd(proc.pid)
-            if fd is False:
-                continue
-            try:
-                if self.fs.cgroup_of(proc.pid) == self.cgroup.path:
-                    self.kept_cgroup.write("cgroup.procs", str(proc.pid))
-            except ProcessLookupError:
-                pass
-            finally:
-                _closed(_Pin(None, fd))
+            return None
+        kept = self.home.make_child("%s.kept-%s" % (
+            self.cgroup.path.rsplit("/", 1)[-1], os.urandom(4).hex()))
+        try:
+            for proc in reversed(procs):
+                fd = self.budget.pidfd(proc.pid)
+                if fd is False:
+                    continue
+                try:
+                    if self.fs.cgroup_of(proc.pid) == self.cgroup.path:
+                        kept.write("cgroup.procs", str(proc.pid))
+                except ProcessLookupError:
+                    pass
+                finally:
+                    _closed(_Pin(None, fd))
+        except BaseException:
+            kept.close()
+            raise
+        return kept
 
     def _members(self, endtime=None, cgroup=None):
         """{pid: _Proc} of the live processes in the run's cgroup (or `cgroup`) now."""
@@ -2047,28 +2063,27 @@ class _CgroupContainment(object):
                 found[pid] = proc
         return found
 
-    def stop(self, sig, endtime):
+    def stop(self, look, sig, endtime):
         """sig to every process in the cgroup, and SIGCONT after it to those
-        look() saw stopped (so that they act on it once thawed), each through
-        a pidfd taken before /proc showed it in the cgroup: never a reused
-        pid. Then thaw; the waiter is the kernel's `populated 0`."""
+        the look saw stopped (so that they act on it once thawed), each
+        through a pidfd taken before /proc showed it in the cgroup: never a
+        reused pid. Then thaw; the waiter is the kernel's `populated 0`."""
         pids = self.cgroup.procs()
         for first in range(0, len(pids), _MEMBER_BATCH):
             if _now() >= endtime:
                 break
-            self._signal_batch(pids[first:first + _MEMBER_BATCH], sig)
+            self._signal_batch(pids[first:first + _MEMBER_BATCH], sig, look.stopped)
         self.cgroup.write("cgroup.freeze", "0")
         return _EventWaiter(self.cgroup, "populated", "0")
 
-    def _signal_batch(self, pids, sig):
+    def _signal_batch(self, pids, sig, stopped):
         """A pidfd on each, then cgroup.procs read again: a pid listed there
         whose pidfd still shows its process alive was that process's when
         read, so it is a member. One read and one poll() for the batch, not
         a read of /proc/PID/cgroup each; a few dozen descriptors at once. A
         pid with no pidfd (no descriptor left) gets cgroup.kill after the
         grace."""
-        pinned = [(pid, fd) for pid, fd in ((pid, self.walker.budget.pidfd(pid)) for pid in pids)
-                  if fd]
+        pinned = [(pid, fd) for pid, fd in ((pid, self.budget.pidfd(pid)) for pid in pids) if fd]
         try:
             if not pinned:
                 return
@@ -2077,14 +2092,14 @@ class _CgroupContainment(object):
             for pid, fd in pinned:
                 if pid in members and fd not in exited:
                     pin = _Pin(None, fd)
-                    for each in (sig, signal.SIGCONT if pid in self.stopped else 0):
+                    for each in (sig, signal.SIGCONT if pid in stopped else 0):
                         if each:
                             pin.send(each)
         finally:
             for _, fd in pinned:
                 os.close(fd)
 
-    def kill(self, endtime):
+    def kill(self, group):
         self._stay_out()
         self.cgroup.write("cgroup.kill", "1")
 
@@ -2092,66 +2107,69 @@ class _CgroupContainment(object):
         """A root command can write our own pid into the run's cgroup: the
         freeze would stop us, cgroup.kill kill us. Before either, we move
         back to our own cgroup (ours to write: we made the run's beside it)."""
-        if self.cgroup.holds(self.fs.cgroup_of(self.walker.me)):
-            self.own.write("cgroup.procs", str(self.walker.me))
+        if self.cgroup.holds(self.fs.cgroup_of(self.me)):
+            self.own.write("cgroup.procs", str(self.me))
 
-    def drain_round(self, endtime):
+    def scope_now(self, look, endtime):
+        """The drain's scope with the kept roots read again: our children in
+        the kept cgroup, those a dying kept service handed us included
+        (born there, they are kept). The driver asks before every round,
+        confirmation and census (docs/design.md, "The cgroup")."""
+        kept = frozenset(p.identity for p in self.preserved(look, endtime))
+        return _Scope(look.scope.group, kept, look.scope.reach)
+
+    def drain_round(self, scope, endtime):
         """cgroup.kill (again: cheap, and a storm is over at once); once the
         cgroup is empty, a kill walk for what left it."""
-        self.kill(endtime)
+        self.kill(scope.group)
         if self.cgroup.populated():
             return _Round(None, _EventWaiter(self.cgroup, "populated", "0"))
-        self._note_kept(endtime)
-        return self.walker.kill_round(endtime)
+        return self.walker.kill_round(scope, endtime)
 
-    def confirm(self, endtime, walk):
+    def confirm(self, scope, endtime, walk):
         if self.cgroup.populated():
             return [], False
-        self._note_kept(endtime)
-        return self.walker.confirm(endtime, walk)
+        return self.walker.confirm(scope, endtime, walk)
 
-    def preserved(self, endtime):
+    def _kept_cgroup(self, look):
+        return self.cgroup if look.keep == _KEEP_EVERYTHING else look.kept_cgroup
+
+    def preserved(self, look, endtime):
         """The roots of what is kept: the live processes of the kept cgroup
         whose parent is none of them (our children, and the children of one
         that is dying this moment, not yet handed to us)."""
-        if self.kept_cgroup is None:
+        kept = self._kept_cgroup(look)
+        if kept is None:
             return []
-        members = self._members(cgroup=self.kept_cgroup)
+        members = self._members(cgroup=kept)
         return [p for p in members.values() if p.ppid not in members]
 
-    def census(self, endtime):
+    def census(self, scope, endtime):
         """What is alive in the cgroup, and what the walk finds outside it."""
-        if self.keeping == _KEEP_EVERYTHING:
+        if scope.reach is None:
             return [], True  # all of it kept, what a nested supervisor holds too
         found = list(self._members(endtime).values())
-        self._note_kept(endtime)
-        escaped, whole = self.walker.census(endtime)
+        escaped, whole = self.walker.census(scope, endtime)
         inside = set(p.pid for p in found)
         return found + [p for p in escaped if p.pid not in inside], whole and _now() < endtime
-
-    def _note_kept(self, endtime):
-        """The walk's kept roots: our children in the kept cgroup, those a
-        dying kept service handed us included (born there, they are kept)."""
-        self.walker.kept = set(p.identity for p in self.preserved(endtime))
 
     def usage(self):
         return _cgroup_usage(self.cgroup)
 
-    def finish(self):
+    def finish(self, look):
         """What the run cost, read before the run's cgroup is removed (once
         empty), and the kept one if nothing is in it."""
         usage = self.usage()
         if not self.removed and not self.cgroup.populated():
             self.removed = self.home.remove_child(self.cgroup)
-        kept = self.kept_cgroup
+        kept = self._kept_cgroup(look) if look is not None else None
         if kept is self.cgroup:  # everything kept: the run's own, no leftover of a dead run
-            self.kept_cgroup = None if self.removed else kept
             _mark(kept.fd, b"kept")
+            kept = None if self.removed else kept
         elif kept is not None and not kept.populated() and self.home.remove_child(kept):
-            kept.close()
-            self.kept_cgroup = None
+            kept = None
         return {"containment": "cgroup", "cgroup": self.cgroup.path, "usage": usage,
-                "kept_cgroup": self.kept_cgroup.path if self.kept_cgroup is not None else None,
+                "kept_cgroup": kept.path if kept is not None else None,
                 "limits_set": self.limits_set}
 
     def close(self):
@@ -2161,10 +2179,8 @@ class _CgroupContainment(object):
             if not self.removed and not self.cgroup.populated():
                 self.removed = self.home.remove_child(self.cgroup)
         finally:
-            self.cgroup.close()
-            for cgroup in (self.kept_cgroup, self.own, self.home):
-                if cgroup is not None:
-                    cgroup.close()
+            for cgroup in (self.cgroup, self.own, self.home):
+                cgroup.close()
 
 
 def _cgroup_usage(cgroup):
@@ -2265,6 +2281,11 @@ class _SignalCatcher(object):
             if self.held is None or sig not in self.held:
                 taken.append((sig, now))
         return taken
+
+    def note(self, signals):
+        """Take these as received now (a parent already dead, a Ctrl-C heard
+        for us): the next take() returns them first."""
+        self.pending.extend((sig, _now()) for sig in signals)
 
     def reset_for_command(self):
         """In the forked child, before exec: the caller's dispositions and mask,
@@ -2593,7 +2614,8 @@ def _refuse_receipt_path(user, path, why):
                          user.shown, path, why))
 
 
-# --- The run: its state, its one wait, what signals do -------------------------------------
+# --- The plan and its checks ----------------------------------------------------------------------
+
 
 class _Plan(object):
     """What the caller asked for, checked before anything starts: the
@@ -2603,1449 +2625,6 @@ class _Plan(object):
     def __init__(self, command, values):
         self.command = command
         self.__dict__.update(values)
-
-
-class _Run(object):
-    """One supervised run: the plan, the state it is in, and what it saw.
-    The state changes only through _enter(), which only the driver calls."""
-
-    def __init__(self, plan):
-        self.plan = plan
-        self.state = "starting"
-        self.ladder = []                # [step, start, end] for each cleanup step
-        self.started_wall, self.started = time.time(), _now()
-        self.endtime = None             # the deadline: the command's start + timeout
-        self.ended_running = None
-        self.pid = None                 # the command; its pid is also its group id
-        self.exit_info = None           # its waitid() once it exited, unreaped until done
-        self.reaped = False
-        self.report = None              # the exec report
-        self.stop_reason = self.stop_signal = None
-        self.hurry = False              # a later stop signal: skip the rest of the grace
-        self.last_stop = (None, 0.0)    # (signal, when) of the last stop request taken
-        self.error = self.error_exit = None
-        self.failed = False             # the supervisor itself failed: nothing confirmed
-        self.preserved, self.survivors, self.stable = [], [], True
-        self.survivors_count = 0        # how many were alive, past the receipt's list
-        self.unattributed = []          # live processes adopted in the caller's jobs' groups
-        self.foreign = []               # --user: that uid's processes outside the run
-        self.killed = False             # the grace ran out: SIGKILL was needed
-        self.fs = self.containment = self.catcher = self.watch = None
-        self.callers = self.reaper = self.budget = self.record = None
-        self.fields = {"containment": None, "cgroup": None, "kept_cgroup": None, "usage": None,
-                       "limits_set": {}}
-        self.output = self.ctrl_c = None  # --output's _Output; at a terminal, a _CtrlC
-        self.cpu_check_at = 0.0 if plan.cpu_time else float("inf")  # --cpu-time: the next read
-        self.cgroup_unavailable = None  # why auto did not take a cgroup
-        self.terminal = None            # fd 0, when the command was given the terminal
-        self.subreaper_before = None
-        self.usage_before = None        # getrusage(RUSAGE_CHILDREN) at the command's start
-        self.fork_rss_kib = None        # our own RSS when we forked the command
-        self.supervisor_pid = os.getpid()
-
-
-def _enter(run, state):
-    """Move the run to `state`. Cleanup steps are timed for the receipt's
-    ladder; entering one returns its endtime (a budget of cleanup_timeout)."""
-    now = _now()
-    if run.ladder and run.ladder[-1][2] is None:
-        run.ladder[-1][2] = now
-    if run.state == "running":
-        run.ended_running = now
-    run.state = state
-    if state in _CLEANUP_STEPS:
-        run.ladder.append([state, now, None])
-        return now + run.plan.cleanup_timeout
-    return None
-
-
-def _wait(run, endtime, fds=(), priority_fds=()):
-    """The one place a run blocks: until a signal arrives, one of fds is
-    readable (pidfds), one of priority_fds changes (cgroup.events), the stop
-    file's watch or the exec report speaks (while running only), or the
-    monotonic time `endtime`. Then act on the signals."""
-    running = run.state == "running"
-    watch_fd = run.watch.fd if running and run.watch is not None else None
-    report_fd = run.report.fd if running else None
-    output_fd = run.output.fd if run.output is not None else None
-    ctrl_c_fd = run.ctrl_c.fd if run.ctrl_c is not None else None
-    wanted = [fd for fd in (run.catcher.fd, watch_fd, report_fd, output_fd, ctrl_c_fd)
-              if fd is not None]
-    if run.reaper.pending:
-        endtime = min(endtime, run.reaper.next_list_reap)
-    ready = _wait_ready(wanted + list(fds), priority_fds, endtime - _now())
-    if output_fd in ready:  # (not at every wake-up: a read that finds nothing is a syscall)
-        run.output.pump()
-    if ctrl_c_fd in ready:  # (a SIGINT the caller ignored stays ignored, here too)
-        run.catcher.pending.extend((sig, _now()) for sig in run.ctrl_c.heard()
-                                   if sig not in run.catcher.ignored_by_caller)
-    _act_on_signals(run)
-
-
-def _wait_for(run, waiter, endtime, interruptible=False):
-    """Block until waiter says done (processes gone, a cgroup empty or
-    frozen): True; False at `endtime`, or, when interruptible, as soon as a
-    later stop signal asks to hurry. run None: taking no signal meanwhile
-    (they wait in the signalfd for the run's next _wait(), or there is no
-    run: --end-kept)."""
-    while not waiter.done():
-        if _now() >= endtime or (interruptible and run.hurry):
-            return False
-        fds, priority_fds, poll_at = waiter.wake()
-        until = endtime if poll_at is None else min(endtime, poll_at)
-        if run is None:
-            _wait_ready(fds, priority_fds, until - _now())
-        else:
-            _wait(run, until, fds, priority_fds)
-    return True
-
-
-def _act_on_signals(run):
-    """Dispatch what arrived on (state, kind of signal); SIGCHLD reaps."""
-    child_exited = False
-    for sig, when in run.catcher.take():
-        if sig == signal.SIGCHLD:
-            child_exited = True
-        else:
-            kind = 1 if sig in _FORWARDED_SIGNALS else 2 if sig == signal.SIGTSTP else 0
-            action = _SIGNAL_ACTIONS[run.state][kind]
-            if action is not None:
-                action(run, sig, when)
-    # While a list reap is pending, the zombie that made it so still hides the
-    # others from waitid(): a SIGCHLD (a storm sends thousands) changes nothing.
-    if run.reaper.pending:
-        if _now() >= run.reaper.next_list_reap:
-            run.reaper.reap_exited()
-    elif child_exited:
-        run.reaper.reap_exited()
-
-
-def _request_stop(run, sig, when):
-    """The first stop request decides; one that arrives past the deadline
-    (the supervisor was stopped, say) is the deadline's."""
-    if run.stop_reason is None:
-        if run.endtime is not None and when >= run.endtime:
-            run.stop_reason = "timeout"
-        else:
-            run.stop_reason, run.stop_signal = "signal", sig
-        run.last_stop = (sig, when)
-
-
-def _hurry(run, sig, when):
-    """A second stop signal skips the rest of the grace. The first one after
-    a stop by the deadline or the stop file is that stop again (a controller
-    touches the stop file, then sends SIGTERM); the same signal again within
-    _STOP_BURST is the same request (GNU timeout signals its child, then its
-    own process group, which holds the child too). After a natural exit
-    there is no request yet: any stop signal hurries the drain."""
-    last_signal, last_when = run.last_stop
-    if last_signal is None and run.stop_reason is not None:
-        run.last_stop = (sig, when)
-        return
-    if sig == last_signal and when - last_when < _STOP_BURST:
-        return
-    run.hurry, run.last_stop = True, (sig, when)
-    # Nothing a stop signal can do is left: hold them all, so that a flood of
-    # queued real-time ones (each would run a handler) waits in the kernel
-    # instead of slowing the cleanup down.
-    run.catcher.hold(_STOP_SIGNALS)
-
-
-def _forward(run, sig, when):
-    if not run.reaped:
-        _signal_group(run.fs, run.pid, sig)
-
-
-# What a signal does, by the state of the run: a stop signal (TERM, INT, HUP
-# and every other that would end us), a forwarded one (USR1, USR2, WINCH),
-# and SIGTSTP; None ignores it. SIGCHLD reaps in every state (_act_on_signals).
-_SIGNAL_ACTIONS = {
-    #              stop           forwarded  suspend
-    "starting":    (_request_stop, None, None),
-    "running":     (_request_stop, _forward, lambda run, sig, when: _suspend(run)),
-    "terminating": (_hurry, _forward, None),
-    "killing":     (_hurry, None, None),
-    "draining":    (_hurry, None, None),
-    "done":        (None, None, None),
-}
-
-
-def _command_exited(run):
-    """Has the command exited? Looks without reaping (WNOWAIT)."""
-    if run.exit_info is None and run.pid is not None and not run.reaped:
-        try:  # None while it runs
-            run.exit_info = os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            pass
-    return run.exit_info is not None
-# --- Job control: the terminal, Ctrl-Z, forwarded signals ------------------------------------
-
-class _CtrlC(_HoldsFd):
-    """At a terminal the command's group is the foreground one: Ctrl-C and
-    Ctrl-\\ signal it, not us, and a command that catches SIGINT would run
-    on. So while the run runs a child of ours joins that group to hear them
-    for us: each SIGINT or SIGQUIT it gets is a byte on a pipe, a stop by
-    that signal (passed on, the grace, then SIGKILL: as timeout -k). It
-    ignores every other signal, and is none of the run's."""
-
-    def __init__(self, pgid):
-        self.fd, write_end = _pipe()
-        parent, self.pid = os.getpid(), _acquire("fork", os.fork)
-        if self.pid == 0:
-            try:
-                os.setpgid(0, pgid)
-                _set_parent_death_signal(signal.SIGKILL)
-                os.dup2(write_end, 0)
-                os.closerange(1, os.sysconf("SC_OPEN_MAX"))
-                heard = (signal.SIGINT, signal.SIGQUIT)
-                for sig in set(_VALID_SIGNALS) - set(heard + (signal.SIGKILL, signal.SIGSTOP)):
-                    signal.signal(sig, signal.SIG_IGN)
-                signal.pthread_sigmask(signal.SIG_SETMASK, heard)
-                while os.getppid() == parent:  # (it died before PR_SET_PDEATHSIG: we end)
-                    info = signal.sigwaitinfo(heard)  # the terminal's (SI_KERNEL), not a kill()
-                    os.write(0, bytes([info.si_signo] * (info.si_code == 0x80)))
-            finally:
-                os._exit(0)
-        os.close(write_end)
-
-    def heard(self):
-        said = os.read(self.fd, 64)
-        if not said:  # gone: Ctrl-C is the command's alone again
-            _HoldsFd.close(self)
-        return list(said)
-
-    def close(self):
-        if self.pid is not None:
-            _quietly_signal(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-            self.pid = None
-        _HoldsFd.close(self)
-
-
-def _caller_terminal():
-    """fd 0 when it is a terminal and we are in its foreground group."""
-    try:
-        return 0 if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp() else None
-    except OSError:
-        return None
-
-
-def _give_terminal(fd, pgid):
-    """tcsetpgrp with SIGTTOU blocked, so a background caller is not stopped."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTTOU])
-    try:
-        os.tcsetpgrp(fd, pgid)
-    except OSError:
-        pass  # the terminal went away (hangup): nothing to hand over
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def _take_back_terminal(run):
-    """Take the terminal back from the command's group, or from whatever group
-    of the run held it last and is now empty (a job the command gave it to),
-    never from a live group that is not the run's."""
-    if run.terminal is None or run.pid is None:
-        return
-    try:
-        foreground = os.tcgetpgrp(run.terminal)
-    except OSError:
-        return
-    if foreground != os.getpgrp() and (foreground == run.pid or not _group_exists(foreground)):
-        _give_terminal(run.terminal, os.getpgrp())
-
-
-def _group_exists(pgid):
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def _suspend(run):
-    """Ctrl-Z or SIGTSTP: stop the command's group, give the terminal back,
-    stop ourselves; on SIGCONT (fg, bg) resume the group, and give it the
-    terminal again if we were resumed in the foreground. In an orphaned
-    process group the kernel drops SIGTSTP: we do not stop, and the group
-    resumes at once."""
-    if run.reaped:
-        return
-    _signal_group(run.fs, run.pid, signal.SIGSTOP)
-    _take_back_terminal(run)
-    run.catcher.suspend_ourselves()
-    if run.terminal is not None and _caller_terminal() is not None:
-        _give_terminal(run.terminal, run.pid)
-    _signal_group(run.fs, run.pid, signal.SIGCONT)
-
-
-def _check_job_control(run):
-    """With the terminal handed over, Ctrl-Z stops the command: suspend with
-    it. Not under --user: an untrusted command that stops itself must not
-    suspend the supervisor, and with it the deadline (at the stop it gets
-    SIGCONT with the stop signal, as any stopped member does)."""
-    if run.terminal is None or run.plan.user is not None:
-        return
-    try:
-        info = os.waitid(os.P_PID, run.pid, os.WSTOPPED | os.WNOHANG)
-    except ChildProcessError:
-        return
-    if info is not None and info.si_code == os.CLD_STOPPED:
-        _suspend(run)
-
-
-
-
-# --- The phases of a run ---------------------------------------------------------------------
-
-def _prepare(run):
-    """starting: refuse what cannot work; become a subreaper; hold the run
-    (its containment); take over signals."""
-    _require_linux()
-    try:
-        import resource  # noqa: F401  now: lifting the fd limit must not need an fd
-    except ImportError as e:
-        raise SupervisorError("cannot load the resource module (ulimit -n?): %s" % e)
-    run.fs = _ProcFS()
-    _choose_containment(run)
-    try:
-        run.subreaper_before = _set_subreaper(True)
-    except OSError as e:
-        raise SupervisorError("cannot become a child subreaper (%s); Linux >= 3.4 needed" % e)
-    parent = run.plan.stop_with_parent
-    # SIGTERM is always ours: a launcher may ignore it only to fence its own
-    # start-up (trap '' TERM; exec supervisor.py ...).
-    run.catcher = _SignalCatcher(always=(signal.SIGTERM,), stop_signal=run.plan.stop_signal)
-    if parent is not None:
-        # The parent's death arrives as SIGTERM; a parent that died before we
-        # asked shows as a new parent pid.
-        _set_parent_death_signal(signal.SIGTERM)
-        if os.getppid() != parent:
-            run.catcher.pending.append((signal.SIGTERM, _now()))
-    run.callers.note(run.fs, run.reaper.children)
-    if run.plan.stop_path is not None:
-        run.watch = _StopFileWatch(run.plan.stop_path)
-        run.callers.children.add(run.watch.pid)  # none of the run's: never signalled, kept, reaped
-    run.output = _Output(run.plan.output, run.plan.max_output) if run.plan.output else None
-
-
-def _choose_containment(run):
-    """The run's containment, chosen once: a cgroup of its own where one can
-    be made and is ours to use (--containment auto, the default; cgroup
-    insists), else the /proc walk alone. Reaping, the caller's jobs,
-    descriptors and the record of what was drained live beside it; the
-    walk serves both."""
-    fs, plan = run.fs, run.plan
-    children = _Children(fs)
-    run.callers = _CallersJobs()
-    run.reaper = _Reaper(children, run.callers)
-    run.budget, run.record = _FdBudget(fs), _Record(fs)
-    walker = _Walker(fs, children, run.callers, run.reaper, run.budget, run.record)
-    if plan.containment != "proc":
-        try:
-            home, own, cgroup, limits_set, ended = _cgroup_for_run(fs, plan)
-        except _NoCgroup as e:
-            if plan.containment == "cgroup":
-                raise SupervisorError("--containment cgroup: %s; use --containment auto or proc"
-                                      % e)
-            if _limits_asked(plan):
-                raise SupervisorError("%s: needs a cgroup of the run's own, and there is none "
-                                      "here: %s" % (_limits_asked(plan)[0][0], e))
-            run.cgroup_unavailable = str(e)
-        else:
-            run.containment = _CgroupContainment(home, own, cgroup, walker, limits_set)
-            for path in ended:
-                _say(run, "ended %s, a run whose supervisor was killed" % path)
-            return
-    run.containment = _ProcContainment(walker)
-
-
-def _stopped_before_start(run):
-    """A stop signal already received, or a stop file already there: the
-    command never starts."""
-    _act_on_signals(run)
-    if run.watch is not None and run.watch.first_look(_STOP_FILE_ANSWER):
-        run.stop_reason = run.stop_reason or "stop_file"
-    return run.stop_reason is not None
-
-
-class _ExecReport(_HoldsFd):
-    """The child's word on its exec, through a CLOEXEC pipe: EOF with nothing
-    said means the exec happened (or the child died first); "step errno" means
-    it failed. Pending until EOF is read."""
-
-    def __init__(self, fd):
-        self.fd, self.data, self.failure = fd, b"", None
-
-    def read(self, block):
-        """Read what is there; with block, to EOF (the caller knows the child is
-        gone, so the only write end is closed)."""
-        if self.fd is None:
-            return
-        os.set_blocking(self.fd, block)
-        try:
-            chunk = os.read(self.fd, 512)
-            while chunk:
-                self.data += chunk
-                chunk = os.read(self.fd, 512)
-        except BlockingIOError:
-            return
-        self.close()
-        if self.data:
-            step, code, detail = (self.data.decode("utf-8", "replace").split(" ", 2) + [""])[:3]
-            self.failure = (step, int(code), detail)
-
-
-class _Output(object):
-    """--output FILE: the command's stdout and stderr. With --max-output,
-    through a pipe we read at every wait (the command never blocks on it,
-    and never gets SIGPIPE while the run lasts): FILE gets the first half of
-    the cap as it comes, a ring (an unlinked file beside FILE) the last
-    bytes; at the end, a marker where bytes were cut, then the tail. FILE
-    never grows past the cap. A regular file only (a FIFO would block us)."""
-
-    def __init__(self, path, cap):
-        self.path, self.cap, self.seen, self.error = path, cap, 0, None
-        self.fd = self.ring = self.file = self.for_command = None
-        try:
-            self.file = self.for_command = _high_fd(os.open(path, os.O_WRONLY | os.O_CREAT
-                                                            | os.O_TRUNC | os.O_NONBLOCK
-                                                            | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
-            if os.fstat(self.file).st_mode & 0o170000 != 0o100000:
-                raise OSError(errno.EINVAL, "not a regular file", path)
-            os.set_blocking(self.file, True)
-            if cap is not None:
-                import fcntl
-                import tempfile
-                self.ring = tempfile.TemporaryFile(dir=os.path.dirname(path))
-                self.head_size = cap // 2
-                self.ring_size = cap - self.head_size
-                self.fd, self.for_command = _pipe()
-                os.set_blocking(self.fd, False)
-                try:
-                    fcntl.fcntl(self.fd, _F_SETPIPE_SZ, 1 << 20)  # fewer, larger reads
-                except OSError:
-                    pass  # over /proc/sys/fs/pipe-max-size: the default will do
-        except BaseException as e:
-            self.close()
-            if isinstance(e, OSError):
-                raise SupervisorError("--output: cannot write %s: %s" % (
-                    e.filename or path, _os_error_text(e)))
-            raise
-
-    def pump(self):
-        """Keep what the command wrote since (a bounded amount: the wait goes on)."""
-        for _ in range(_OUTPUT_READS if self.fd is not None else 0):
-            try:
-                chunk = os.read(self.fd, 1 << 20)
-            except BlockingIOError:
-                return
-            if not chunk:  # every writer is gone
-                os.close(self.fd)
-                self.fd = None
-                return
-            try:
-                if self.error is None:
-                    self._keep(chunk)
-            except OSError as e:
-                self.error = "%s: %s" % (self.path, e.strerror)  # (a full disk) counted on
-            self.seen += len(chunk)
-
-    def _keep(self, chunk):
-        head = max(0, min(len(chunk), self.head_size - self.seen))
-        _write_all(self.file, chunk[:head])
-        rest = chunk[head:][-self.ring_size:]
-        at = (self.seen + len(chunk) - len(rest) - self.head_size) % self.ring_size
-        first = rest[:self.ring_size - at]
-        _write_all(self.ring.fileno(), first, at)
-        _write_all(self.ring.fileno(), rest[len(first):], 0)
-
-    def finish(self):
-        """The tail after the head, with the marker where bytes were cut;
-        the receipt's output. Anything still writing gets SIGPIPE from now.
-        Without a cap, the bytes were the command's to write: not seen."""
-        if self.cap is not None:
-            self.pump()
-            beyond = max(0, self.seen - self.head_size)
-            tail, marker = min(beyond, self.ring_size), b""
-            if beyond > self.ring_size:
-                tail = self.ring_size - len(b"\n[treereap: %d bytes cut here]\n" % beyond)
-                marker = b"\n[treereap: %d bytes cut here]\n" % (beyond - tail)
-            start = (beyond - tail) % self.ring_size
-            try:
-                _write_all(self.file, marker if self.error is None else b"")
-                while tail and self.error is None:
-                    data = os.pread(self.ring.fileno(), min(tail, self.ring_size - start, 1 << 20),
-                                    start)
-                    if not data:
-                        raise OSError(errno.EIO, "the ring is short")
-                    _write_all(self.file, data)
-                    tail, start = tail - len(data), (start + len(data)) % self.ring_size
-            except OSError as e:
-                self.error = "%s: %s" % (self.path, e.strerror)
-        kept = os.fstat(self.file).st_size
-        self.close()
-        return {"path": _text(self.path), "max_bytes": self.cap,
-                "bytes_seen": self.seen if self.cap is not None else None,
-                "bytes_kept": kept, "cut": kept < self.seen, "error": self.error}
-
-    def close(self):
-        for fd in set((self.fd, self.for_command, self.file)) - set([None]):
-            os.close(fd)
-        self.fd = self.for_command = self.file = None
-        if self.ring is not None:
-            self.ring.close()
-
-
-def _write_all(fd, data, at=None):
-    """All of data, where fd is or at `at`: a short write (a disk filling up)
-    goes on, and one that writes nothing is ENOSPC."""
-    while data:
-        done = os.write(fd, data) if at is None else os.pwrite(fd, data, at)
-        if not done:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        data, at = data[done:], None if at is None else at + done
-
-
-def _start_command(run):
-    """Fork, and exec COMMAND in a process group of its own (and the run's
-    cgroup) with the caller's stdio, environment, signal mask and ignored
-    signals."""
-    read_end, write_end = _pipe()
-    run.fork_rss_kib = _own_rss_kib(run.fs)
-    # All signals blocked across fork: the child must not run our handlers.
-    own_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _VALID_SIGNALS)
-    try:
-        run.started_wall, run.started = time.time(), _now()
-        run.endtime = run.started + run.plan.timeout
-        run.usage_before = _children_usage()
-        pid = _acquire("fork", os.fork)
-        if pid == 0:
-            _exec_command(run, write_end)  # never returns
-    except BaseException:
-        os.close(read_end)
-        raise
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, own_mask)
-        os.close(write_end)
-        if run.output is not None and run.output.fd is not None:
-            os.close(run.output.for_command)  # the command's alone: its exit is our EOF
-            run.output.for_command = None
-    if run.plan.user is None:  # (under --user the child makes a session: see _exec_command)
-        try:
-            os.setpgid(pid, pid)  # also in the parent, so the group exists either way
-        except OSError:
-            pass  # EACCES: the child has already done it and exec'd
-    run.pid = run.reaper.command = pid
-    run.containment.started(pid)
-    run.report = _ExecReport(read_end)
-    if run.terminal is not None:
-        _give_terminal(run.terminal, pid)
-        run.ctrl_c = _CtrlC(pid)
-        run.callers.children.add(run.ctrl_c.pid)  # none of the run's: never signalled, reaped
-
-
-def _own_rss_kib(fs):
-    """Our resident set now (/proc/self/statm): the image the command starts
-    as, before its exec, whose peak the kernel keeps in its ru_maxrss."""
-    try:
-        pages = int((fs.read("self/statm") or b"0 0").split()[1])
-    except (ObservationError, ValueError, IndexError):
-        return None
-    return pages * os.sysconf("SC_PAGE_SIZE") // 1024
-
-
-def _exec_command(run, report_fd):
-    step = "setpgid"
-    try:
-        # Under --user, a session of its own, and so an autogroup and no
-        # controlling terminal: in the caller's session an untrusted command
-        # could renice the session's autogroup for good (19, after the run),
-        # or push input into the caller's terminal (TIOCSTI).
-        if run.plan.user is not None:
-            os.setsid()
-        else:
-            os.setpgid(0, 0)
-        step = "cgroup"
-        run.containment.join(0)
-        if run.plan.memory_max is not None:  # at -1000 (ours, inherited) no OOM kill would come
-            step = "oom_score_adj"
-            if int(_read_to_end(os.open("/proc/self/oom_score_adj", os.O_RDONLY), True)) < 0:
-                _write_all(os.open("/proc/self/oom_score_adj", os.O_WRONLY), b"0")  # (at exec)
-        if run.output is not None:
-            step = "output"
-            for fd in (1, 2):
-                os.dup2(run.output.for_command, fd)
-        if run.terminal is not None:
-            step = "tcsetpgrp"
-            os.tcsetpgrp(run.terminal, os.getpid())  # SIGTTOU is blocked here
-        user = run.plan.user
-        if user is not None and user.switching:
-            step = "setgroups"
-            os.setgroups(user.groups)
-            step = "setgid"
-            os.setresgid(user.gid, user.gid, user.gid)
-            step = "setuid"
-            os.setresuid(user.uid, user.uid, user.uid)
-        if user is not None:
-            step = "prctl(PR_SET_NO_NEW_PRIVS)"  # no setuid binary brings root back
-            _libc().call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-        if run.plan.stop_signal:
-            # As timeout(1): should the supervisor be killed, the command gets
-            # the stop signal (after the uid switch, which would clear it).
-            step = "prctl(PR_SET_PDEATHSIG)"
-            _set_parent_death_signal(run.plan.stop_signal)
-            if os.getppid() != run.supervisor_pid:
-                os.kill(os.getpid(), run.plan.stop_signal)
-        step = "chdir"
-        os.chdir(run.plan.workdir)
-        run.catcher.reset_for_command()
-        step = "exec"
-        environment = user.environment if user is not None and user.environment else os.environ
-        _exec_from_path(run.plan.command[0], run.plan.command, environment)
-    except BaseException as e:  # whatever it is, the parent must hear of it
-        code = getattr(e, "errno", None) or errno.EINVAL
-        detail = "" if getattr(e, "errno", None) else " %s: %s" % (type(e).__name__, e)
-        os.write(report_fd, ("%s %d%s" % (step, code, detail)).encode("utf-8", "replace"))
-    finally:
-        os._exit(EXIT_NOT_FOUND)
-
-
-def _exec_from_path(name, argv, environment):
-    """os.execvpe, without its imports: after a switch to --user, the
-    interpreter's own library may be out of that user's reach (os.execvpe
-    imports warnings). The same search: each PATH entry in turn, the first
-    error that is not "not there" reported."""
-    if not name:  # as execvp(""): nothing by that name (os.execve refuses it: ValueError)
-        raise FileNotFoundError(errno.ENOENT, "not found")
-    if (b"/" if isinstance(name, bytes) else "/") in name:
-        os.execve(name, argv, environment)
-    first = last = None
-    for directory in environment.get("PATH", os.defpath).split(os.pathsep):
-        try:
-            os.execve(os.path.join(os.fsencode(directory or "."), os.fsencode(name)),
-                      argv, environment)
-        except OSError as e:
-            last = e
-            if first is None and e.errno not in (errno.ENOENT, errno.ENOTDIR):
-                first = e
-    raise first or last or FileNotFoundError(errno.ENOENT, "not found")
-
-
-def _run_until_stop(run):
-    """running: block until the command exits (or its exec fails), the
-    deadline passes, the stop file appears, the CPU time (--cpu-time) is
-    spent or a stop signal arrives."""
-    while True:
-        run.report.read(block=False)
-        if run.report.failure:
-            return
-        if _command_exited(run):
-            run.report.read(block=True)  # the exec report first: a failed exec is no exit
-            if run.stop_reason is not None:  # it came with the exit: hurry the drain
-                run.stop_reason, run.stop_signal, run.hurry = None, None, True
-            return
-        now = _now()
-        if run.stop_reason is None and now >= run.endtime:
-            run.stop_reason = "timeout"
-        if run.stop_reason is None and run.watch is not None and run.watch.stopped():
-            run.stop_reason = "stop_file"
-        if run.stop_reason is None and now >= run.cpu_check_at:
-            run.cpu_check_at = _cpu_time_check(run)
-        if run.stop_reason is not None:
-            return
-        _check_job_control(run)
-        _wait(run, min(run.endtime, run.cpu_check_at))
-
-
-def _cpu_time_check(run):
-    """--cpu-time: the run's CPU so far (the cgroup's cpu.stat: every
-    process it held, reaped or not). Spent: the run stops. Else, when it
-    could be spent at the earliest, every CPU busy (BenchExec's way):
-    nothing reads it more often than the run could spend it."""
-    usage = run.containment.usage()  # None: cpu.stat unreadable (a mount over it): spent
-    left = run.plan.cpu_time - (usage["cpu_usage_s"] if usage else float("inf"))
-    if left <= 0:
-        run.stop_reason = "cpu_time"
-    return _now() + max(left / (os.cpu_count() or 1), _CPU_TIME_MIN_WAKE)
-
-
-def _note_exec_failure(run):
-    """The child exited without running COMMAND: nothing else ran."""
-    step, code, detail = run.report.failure
-    if not run.reaped:
-        os.waitpid(run.pid, 0)
-        run.reaped = True
-    # The receipt's pid and return code are the command's, and it never ran
-    # (the exit _command_exited() may have seen first is the child's).
-    run.pid, run.exit_info = None, None
-    reason = detail or os.strerror(code)
-    if step == "exec" and not detail:
-        run.error = "cannot run %r: %s" % (run.plan.command[0], reason)
-        run.error_exit = (EXIT_NOT_FOUND if code in (errno.ENOENT, errno.ENOTDIR)
-                          else EXIT_CANNOT_EXECUTE)
-    else:
-        run.error = "cannot start the command (%s): %s" % (step, reason)
-        run.error_exit = EXIT_FAILURE
-
-
-def _say(run, text):
-    """-v: one line on stderr now, if stderr takes it at once (a full pipe
-    must not hold up the stop)."""
-    if run.plan.verbose:
-        _complain(text, patient=False)
-
-
-def _why_stopped(run):
-    if run.stop_reason == "timeout":
-        return "the deadline passed (%gs)" % run.plan.timeout
-    if run.stop_reason == "stop_file":
-        return "the stop file %s appeared" % run.plan.stop_path
-    if run.stop_reason == "cpu_time":
-        return "the run spent its CPU time (--cpu-time %gs)" % run.plan.cpu_time
-    return "%s received" % _signal_name(run.stop_signal)
-
-
-def _drive(run):
-    """The driver, once the run is prepared: the states of a run, in order,
-    and the phase each one runs. It alone moves the state.
-
-        starting     a stop asked for already: done, the command never starts
-        running      until the command exits, the deadline, the stop file
-                     or a stop signal
-        terminating  freeze; keep what the policy keeps; look; the stop
-                     signal; thaw; the grace (containment.look, .stop)
-        killing      (a forced stop) SIGKILL; the command's own process
-        draining     everything else of the run, until confirmed
-        done         the receipt's last looks
-    """
-    if _stopped_before_start(run):
-        _enter(run, "done")
-        return
-    run.terminal = _caller_terminal() if run.plan.user is None else None
-    try:
-        _start_command(run)
-        _say(run, "started: pid %d, in %s, deadline %gs" % (
-            run.pid, run.containment.where, run.plan.timeout))
-        _enter(run, "running")
-        _run_until_stop(run)
-        _leave_running(run)
-        if run.report.failure:
-            _note_exec_failure(run)
-            _enter(run, "done")
-            return
-        keep = _keep_what(run)
-        run.record.on = True
-        if run.stop_reason is not None:
-            if run.report.fd is not None:  # not read to EOF: it may not have exec'd yet
-                run.containment.join(run.pid)
-            _say(run, "stopping the run: %s; %s" % (_why_stopped(run), _first_signal(run)))
-            endtime = _enter(run, "terminating")
-            run.containment.look(keep, endtime)
-            _stop_and_wait(run, endtime)
-            _kill_command(run, _enter(run, "killing"))
-        elif run.containment.look(keep, _now() + run.plan.cleanup_timeout):
-            _stop_and_wait(run, _enter(run, "terminating"))
-        else:
-            run.containment.stop(0, _now()).close()  # nothing to end: let the kept run on
-        if keep != _KEEP_EVERYTHING:
-            _drain(run, _enter(run, "draining"))
-        _enter(run, "done")
-        _finish(run)
-    except Exception as e:
-        if run.pid is None:
-            raise  # the fork itself failed: nothing started, nothing to end
-        _fail(run, e)
-        if run.state not in ("draining", "done"):
-            _drain_after_failure(run, _enter(run, "draining"))
-        if run.state != "done":
-            _enter(run, "done")
-        _reap_after_failure(run)
-        _note_survivors(run)
-
-
-def _leave_running(run):
-    if run.ctrl_c is not None:  # (reaped at _release: until then its pid stays its own)
-        _quietly_signal(run.ctrl_c.pid, signal.SIGKILL)
-    if run.stop_reason is None:
-        if run.watch is not None:
-            run.watch.last_look(_STOP_FILE_ANSWER)
-        _take_back_terminal(run)
-
-
-def _first_signal(run):
-    if not _run_signal(run):
-        return "no signal first (-s 0): the grace, then SIGKILL"
-    return "%s to the run" % _signal_name(_run_signal(run))
-
-
-def _run_signal(run):
-    """The first signal of the run's stop: the signal that stopped it, if
-    it is one of _PASSED_ON; else -s."""
-    passed_on = set(_PASSED_ON) - run.catcher.ignored_by_caller  # (ignored by the command too)
-    return run.stop_signal if run.stop_signal in passed_on else run.plan.stop_signal
-
-
-def _keep_what(run):
-    """What the policy keeps out of the drain, for this ending.
-    drain-all: nothing. keep-services: at a forced stop the detached
-    services (our children outside the group, adopted before the decision);
-    at a natural exit every process outside the group.
-    preserve-descendants-on-success: everything, when the command exited by
-    itself with status 0 and nothing stopped the run; else nothing."""
-    policy, forced = run.plan.policy, run.stop_reason is not None
-    if policy == "keep-services":
-        return _KEEP_DETACHED if forced else _KEEP_OUTSIDE_GROUP
-    if policy == "preserve-descendants-on-success" and not forced and _succeeded(run):
-        return _KEEP_EVERYTHING
-    return _KEEP_NOTHING
-
-
-def _succeeded(run):
-    """Exited by itself with 0, with no stop asked for (not even one that came
-    with the exit), and no stop file there now."""
-    return (run.exit_info is not None and _return_code(run.exit_info) == 0
-            and not run.hurry and not (run.watch is not None and run.watch.seen))
-
-
-def _stop_and_wait(run, endtime):
-    """The stop signal to what the look found (a stopped process still dies
-    at once of a SIGTERM it does not handle: the kernel's fatal-signal
-    shortcut), the run let go on, and the grace: until each has exited,
-    `endtime`, or a later stop signal asks to hurry."""
-    waiter = run.containment.stop(_run_signal(run), endtime)
-    try:
-        if not _wait_for(run, waiter, endtime, interruptible=True):
-            run.killed = True
-            _say(run, "a second stop signal cut the grace short: SIGKILL" if run.hurry
-                 else "the grace ran out (%gs): SIGKILL" % run.plan.cleanup_timeout)
-    finally:
-        waiter.close()
-
-
-def _kill_command(run, endtime):
-    """SIGKILL what can be killed at once (the group; with a cgroup, the
-    whole run), even when all seemed gone: a member forked during the grace
-    must not fork again while the drain looks. Then up to cleanup_timeout
-    for the command's own process (it may sit in D state)."""
-    run.containment.kill(endtime)
-    while not _command_exited(run) and _now() < endtime:
-        _wait(run, endtime)  # SIGCHLD wakes us
-
-
-def _drain(run, endtime):
-    """draining: SIGKILL everything in scope, round after round, until a
-    stable look finds nothing alive, within one budget; then a last SIGKILL
-    pass and the confirming look, within _FINAL_PASS_LIMIT."""
-    run.survivors, run.stable = _drain_rounds(run, endtime)
-    if run.stable and not run.survivors:
-        return
-    run.killed = True
-    final_endtime = _now() + _FINAL_PASS_LIMIT
-    run.containment.drain_round(final_endtime).close()
-    run.survivors, run.stable = run.containment.confirm(final_endtime, None)
-
-
-def _drain_rounds(run, endtime):
-    """Drain rounds until one is confirmed, or endtime: (alive, stable) of
-    the last confirmation tried."""
-    containment, outcome = run.containment, ([], False)
-    while _now() < endtime:
-        round_ = containment.drain_round(endtime)
-        try:
-            if round_.clear:
-                outcome = containment.confirm(endtime, round_.walk)
-                if outcome[1] and not outcome[0]:
-                    return outcome
-            _wait_for(run, round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
-        finally:
-            round_.close()
-    return outcome
-
-
-def _finish(run):
-    """done: the run is drained; now the command's zombie may go. What is
-    kept is what is alive now; then one last look, as kept services ran
-    free since the confirming one: a process one of them handed us (it
-    died) is the run's, alive. A look cut short claims nothing."""
-    _reap_command(run)
-    containment = run.containment
-    endtime = _now() + _FINISH_LIMIT
-    run.preserved = containment.preserved(endtime)
-    while not run.survivors and run.stable:
-        # A look disturbed (a kept service died, handing its children to a
-        # list read before) is taken again; one cut short claims nothing.
-        run.survivors, whole = containment.census(endtime)
-        if whole or run.survivors:
-            break
-        if _now() >= endtime:
-            run.stable = False
-    run.unattributed = [p for p in run.callers.unattributed.values() if run.fs.alive(p)]
-    if run.plan.user is not None and run.plan.user.switching:
-        run.foreign = _foreign_processes(run, _now() + _FINISH_LIMIT)
-    _note_survivors(run)
-
-
-def _reap_command(run):
-    run.reaper.command = None  # from now on the command may be reaped
-    if _command_exited(run) and not run.reaped:
-        if run.report is not None:
-            run.report.read(block=True)
-        if run.report is not None and run.report.failure:
-            _note_exec_failure(run)
-        else:
-            os.waitid(os.P_PID, run.pid, os.WEXITED)
-            run.reaped = True
-    run.reaper.next_list_reap = 0  # the last reap: a zombie of the caller's hides none of ours
-    run.reaper.reap_exited()
-
-
-def _foreign_processes(run, endtime):
-    """--user: live processes of that uid outside the run's tree (one scan of
-    /proc, by the owner of each entry). Another sandbox of the same uid, or a
-    process the command took over, cannot be told from the run's: they keep
-    it from being confirmed. Where ptrace is open (no Yama, or its
-    ptrace_scope 0), the command could make any of them exec its payload in
-    place, same pid and start time: every one counts. Where it is not, only
-    those started since the run began. Give each sandbox a uid of its own."""
-    uid, me = run.plan.user.uid, os.getpid()
-    scope = (run.fs.read("sys/kernel/yama/ptrace_scope") or b"0").strip()
-    started = _boot_ticks(run.fs, run.started_wall) if scope != b"0" else 0
-    found, ours = [], set()
-    for name in run.fs.listing(".") or ():
-        if _now() >= endtime:
-            run.stable = False
-            break
-        if not name.isdigit() or run.fs.owner(int(name)) != uid:
-            continue
-        proc = run.fs.stat(int(name))
-        if proc is None or not proc.live or proc.start < started:
-            continue
-        if not _descends_from(run.fs, proc, me, ours):
-            found.append(proc)
-    return found
-
-
-def _boot_ticks(fs, wall):
-    """A time.time() as /proc/PID/stat's start time counts it (clock ticks
-    since boot), one tick early: what started after the run began is later."""
-    try:
-        uptime = float((fs.read("uptime") or b"0").split()[0])
-    except (ValueError, IndexError):
-        return 0
-    booted = time.time() - uptime
-    return max(0, int((wall - booted) * os.sysconf("SC_CLK_TCK")) - 1)
-
-
-def _descends_from(fs, proc, ancestor, ours):
-    """Is proc below ancestor? By the ppid chain (the pids found ours are
-    remembered)."""
-    chain = []
-    while proc is not None and proc.pid not in ours:
-        if proc.ppid == ancestor:
-            break
-        if proc.ppid <= 1:
-            return False
-        chain.append(proc.pid)
-        proc = fs.stat(proc.ppid)
-    if proc is None:
-        return False
-    ours.update(chain)
-    return True
-
-
-def _note_survivors(run):
-    """When the run is not confirmed, `survivors` lists what is alive: the
-    look's finding, or, if that is empty (the look was cut short, or kept
-    being disturbed, or failed), a census of the run, capped, with the count
-    beside: null when the census could not see everything (it failed, or
-    ran out of time), so that [] never stands for "nothing alive" unseen."""
-    whole = True
-    if not run.survivors and not _confirmed(run):
-        try:
-            run.survivors, whole = run.containment.census(_now() + _CENSUS_LIMIT)
-        except Exception:  # a look that failed (or what failed the run): count unknown
-            whole = False
-    run.survivors_count = len(run.survivors) if whole else None
-
-
-def _confirmed(run):
-    return (not run.survivors and run.stable and not run.failed and not run.unattributed
-            and not run.foreign)
-
-
-def _fail(run, error):
-    """The supervisor itself failed once the command had started (a bug, a
-    resource it cannot get): end what it started rather than leave it
-    unsupervised (SIGKILL the group, whose leader is still held; with a
-    cgroup, all of the run); the drain that follows is best effort, and the
-    receipt says so: not confirmed, whatever the drain saw."""
-    run.failed = True
-    if isinstance(error, OSError):  # what ran out, as anywhere else (ulimit -n...)
-        error = "%s%s" % (error.filename + ": " if error.filename else "", _os_error_text(error))
-    elif not isinstance(error, SupervisorError):
-        error = "%s: %s" % (type(error).__name__, error)
-    run.error = "supervisor failed: %s" % error
-    _abandon(run)
-
-
-def _drain_after_failure(run, endtime):
-    try:
-        _drain(run, endtime)
-    except Exception:
-        pass  # what failed may fail again: the receipt already says not confirmed
-
-
-def _reap_after_failure(run):
-    """The command was SIGKILLed: wait for it (within cleanup_timeout), then
-    reap it, so that an API caller is left no zombie."""
-    try:
-        endtime = _now() + run.plan.cleanup_timeout
-        while not _command_exited(run) and _now() < endtime:
-            _wait(run, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
-        _reap_command(run)
-    except Exception:
-        pass
-
-
-def _abandon(run):
-    """Kill the command's group (its leader is still held, so the id is
-    ours) and, with a cgroup, the whole run."""
-    if run.pid is not None and not run.reaped:
-        _quietly_signal(run.pid, signal.SIGKILL, group=True)
-        _quietly_signal(run.pid, signal.SIGKILL)
-        try:
-            run.containment.kill(_now())
-        except Exception:
-            pass  # it is what failed, perhaps
-
-
-def _release(run):
-    """Give back what the run took: terminal, fds, signals, subreaper bit.
-    Each step is best effort: the receipt no longer depends on it."""
-    steps = [lambda: _take_back_terminal(run)]
-    for part in (run.watch, run.report, run.output, run.ctrl_c, run.containment, run.budget,
-                 run.fs, run.catcher):
-        if part is not None:
-            steps.append(part.close)
-    if run.subreaper_before is False:
-        steps.append(lambda: _set_subreaper(False))
-    for step in steps:
-        try:
-            step()
-        except Exception:
-            pass
-
-
-# --- The receipt --------------------------------------------------------------------------------
-
-def _iso_utc(timestamp):
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(timestamp)) + (
-        ".%06dZ" % int(timestamp % 1 * 1e6))
-
-
-def _exit_status(run, confirmed):
-    if not confirmed:
-        return EXIT_FAILURE
-    if run.error_exit is not None:
-        return run.error_exit
-    code = _return_code(run.exit_info) if run.exit_info is not None else None
-    if run.stop_reason in (None, "memory") or (run.plan.preserve_status and code is not None):
-        return code if code >= 0 else 128 - code
-    if code == -signal.SIGKILL:
-        return EXIT_KILLED  # as timeout(1): the stop had to end it with SIGKILL
-    if run.stop_reason in ("timeout", "stop_file", "cpu_time"):
-        return EXIT_TIMED_OUT
-    return 128 + run.stop_signal  # stopped by a signal
-
-
-def _children_usage():
-    import resource
-    return resource.getrusage(resource.RUSAGE_CHILDREN)
-
-
-def _usage(run):
-    """What the run cost. With a cgroup, its CPU from cpu.stat (every process
-    it held, reaped or not) and memory.peak where the memory controller is
-    on; else the CPU of every process of the run that was reaped, directly or
-    below one that was (RUSAGE_CHILDREN as the subreaper sees it). Either
-    way max_rss_kib is the largest peak RSS of one reaped process (the
-    kernel keeps a maximum, not a sum), which for the command's own process
-    starts at fork_rss_kib: it begins as a copy of the supervisor, and the
-    kernel keeps that peak through its exec."""
-    usage = {"source": "rusage", "cpu_user_s": 0.0, "cpu_system_s": 0.0, "max_rss_kib": 0,
-             "memory_peak_kib": None, "fork_rss_kib": run.fork_rss_kib, "cpu_usage_s": None,
-             "cpu_nr_throttled": None, "cpu_throttled_s": None, "memory_events": None,
-             "pids_peak": None, "pids_events_max": None}
-    if run.usage_before is not None:
-        now, before = _children_usage(), run.usage_before
-        usage.update(cpu_user_s=now.ru_utime - before.ru_utime,
-                     cpu_system_s=now.ru_stime - before.ru_stime, max_rss_kib=now.ru_maxrss)
-    usage.update(run.fields["usage"] or {})
-    usage["cpu_user_s"] = round(usage["cpu_user_s"], 6)
-    usage["cpu_system_s"] = round(usage["cpu_system_s"], 6)
-    return usage
-
-
-
-
-def _build_receipt(run, ended_wall, ended):
-    confirmed = _confirmed(run)
-    ladder = [{"step": name, "start_s": round(begin - run.started, 6),
-               "duration_s": round((end or ended) - begin, 6)} for name, begin, end in run.ladder]
-    cleanup_s = ended - run.ended_running if run.ended_running is not None else 0.0
-    drained = run.record.drained(run.survivors) if run.record is not None else []
-    user = run.plan.user
-    return {
-        "schema_version": RECEIPT_SCHEMA_VERSION,
-        "supervisor_version": __version__,
-        "python_version": "%d.%d.%d" % sys.version_info[:3],
-        "command": [_text(arg) for arg in run.plan.command],
-        "workdir": _text(run.plan.workdir),
-        "pid": run.pid,
-        "supervisor_pid": os.getpid(),
-        "namespaces": _namespaces(run.fs),
-        "started_at": _iso_utc(run.started_wall),
-        "ended_at": _iso_utc(ended_wall),
-        "duration_s": round(ended - run.started, 6),
-        "timeout_s": run.plan.timeout,
-        "cleanup_timeout_s": run.plan.cleanup_timeout,
-        "policy": run.plan.policy,
-        "stop_signal": _signal_name(_run_signal(run)) if _run_signal(run) else None,
-        "stop_reason": run.stop_reason or "exit",
-        "signal": _signal_name(run.stop_signal) if run.stop_signal else None,
-        "timed_out": run.stop_reason == "timeout",
-        "return_code": _return_code(run.exit_info) if run.exit_info is not None else None,
-        "exit_status": _exit_status(run, confirmed),
-        "cleanup_confirmed": confirmed,
-        "cleanup_s": round(cleanup_s, 6),
-        "ladder": ladder,
-        "containment": run.fields["containment"],
-        "cgroup": run.fields["cgroup"],
-        "kept_cgroup": run.fields["kept_cgroup"],
-        "cgroup_unavailable": run.cgroup_unavailable,
-        "user": {"uid": user.uid, "gid": user.gid} if user is not None else None,
-        "preserved": [_entry(p, start_time=p.start) for p in run.preserved],
-        "survivors": [_entry(p, ppid=p.ppid, pgid=p.pgid, sid=p.sid, state=p.state)
-                      for p in run.survivors[:_LIST_LIMIT]],
-        "survivors_count": run.survivors_count,
-        "unattributed": [_entry(p, start_time=p.start, why=why) for p, why in (
-            [(p, "a caller's job's group") for p in run.unattributed]
-            + [(p, "uid %d, outside the run" % user.uid) for p in run.foreign])[:_LIST_LIMIT]],
-        "drained": [_entry(p) for p in drained[:_LIST_LIMIT]],
-        "drained_count": len(drained),
-        "usage": _usage(run),
-        "limits": _limits(run),
-        "output": run.fields.get("output"),
-        "error": _text(run.error) if run.error is not None else None,
-    }
-
-
-def _limits(run):
-    """The limits asked, and what the kernel set (its files, read back)."""
-    asked = dict((key, getattr(run.plan, key)) for key in ("memory_max", "pids_max", "max_output"))
-    asked.update(cpu_time_s=run.plan.cpu_time, set=run.fields.get("limits_set") or {})
-    return asked if _limits_asked(run.plan) or run.plan.max_output else None
-
-
-def _namespaces(fs):
-    """The PID and cgroup namespaces the receipt's pids and cgroup paths
-    belong to ({"pid": "pid:[4026531836]", "cgroup": ...}): a pid, or a
-    path, means another process, or none, in another namespace."""
-    found = {}
-    for kind in ("pid", "cgroup"):
-        try:
-            found[kind] = os.readlink("self/ns/" + kind, dir_fd=fs.fd)
-        except (OSError, TypeError):  # TypeError: /proc was never opened (no run)
-            found[kind] = None
-    return found
-
-
-def _entry(proc, **fields):
-    """A process in the receipt: its pid and name (see _Proc), and fields."""
-    fields.update(pid=proc.pid, name=_text(proc.name))
-    return fields
-
-
-def _text(value):
-    """Valid Unicode for the receipt: bytes decoded, and the lone surrogates of
-    undecodable bytes (surrogateescape) replaced, as strict JSON readers want."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
-
-
-class _ReceiptTarget(object):
-    """Where a receipt will land, settled at the start: the deepest directory
-    of its path that exists, resolved once and held open (a directory
-    swapped later cannot move the receipt), the directories still to make
-    below it (made at the write: a refusal leaves none behind), and the
-    name. The write: a temporary file under a name nobody can guess (made
-    with O_EXCL, so a name planted there cannot be it), written, fsynced,
-    renamed over the name, the directory fsynced: a reader sees no receipt
-    or a whole one. A writer killed mid-write leaves its temporary file, a
-    hidden name that is never read as a receipt."""
-
-    def __init__(self, path):
-        self.path = _absolute(path, "--receipt")
-        directory, self.name = os.path.split(self.path)
-        self.missing = []
-        while True:
-            try:
-                self.dir_fd, self.can_sync = _open_directory(directory)
-                break
-            except FileNotFoundError as e:
-                if os.path.lexists(directory):  # a dangling symlink: never made, never followed
-                    raise _path_error(OSError(errno.ENOENT, "a dangling symlink"), directory)
-                directory, name = os.path.split(directory)
-                if name == "..":  # below a missing directory: no such path
-                    raise _path_error(e, self.path)
-                self.missing.insert(0, name)
-            except OSError as e:
-                raise _path_error(e, self.path)
-        try:
-            self.directory = os.readlink("/proc/self/fd/%d" % self.dir_fd)
-        except OSError:
-            self.directory = os.path.realpath(directory)
-        try:
-            self.remove_stale()
-            os.close(self._temporary())  # now: a directory we may not write is refused
-            _unlink_quietly(self.temporary, self.dir_fd)
-        except BaseException as e:
-            self.close()
-            raise _path_error(e, self.path) if isinstance(e, OSError) else e
-
-    def remove_stale(self):
-        """Remove an earlier receipt: from now on, no receipt at the path means
-        this run's cleanup was not confirmed. What is there and is not a
-        regular file is no receipt of ours: refused, and left alone."""
-        if self.missing:
-            return
-        try:
-            st = os.lstat(self.name, dir_fd=self.dir_fd)
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            raise _path_error(e, self.path)
-        why = _not_a_receipt(st)
-        if why:
-            raise OSError(errno.EEXIST, why + ": left alone; name a regular file", self.path)
-        try:
-            os.unlink(self.name, dir_fd=self.dir_fd)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise _path_error(e, self.path, "cannot remove the earlier receipt")
-
-    def write(self, receipt):
-        import json  # (at the end: 2 to 7 ms that a run pays after its drain, not before)
-        data = (json.dumps(receipt, indent=2) + "\n").encode("ascii")
-        try:
-            self._make_missing()
-            fd, temporary = self._temporary(), self.temporary
-            try:
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.rename(temporary, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
-            except BaseException:
-                _unlink_quietly(temporary, self.dir_fd)
-                raise
-            if self.can_sync:
-                os.fsync(self.dir_fd)
-        except OSError as e:
-            raise _path_error(e, self.path)
-
-    def _temporary(self):
-        """A new file under a name nobody can guess, beside the receipt."""
-        for _ in range(16):
-            self.temporary = ".%s.%s.tmp" % (self.name, os.urandom(8).hex())
-            try:
-                return os.open(self.temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                               | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.dir_fd)
-            except FileExistsError:
-                continue
-        raise OSError(errno.EEXIST, "no free temporary name")
-
-    def _make_missing(self):
-        """The directories of the path that were missing at the start, made
-        now below the directory held, none of them followed if a symlink."""
-        while self.missing:
-            name = self.missing[0]
-            try:
-                os.mkdir(name, 0o755, dir_fd=self.dir_fd)
-            except FileExistsError:
-                pass
-            fd = _high_fd(os.open(name, _DIR_NOFOLLOW, dir_fd=self.dir_fd))
-            os.close(self.dir_fd)
-            self.dir_fd, self.can_sync = fd, True
-            self.missing.pop(0)
-
-    def close(self):
-        if self.dir_fd is not None:
-            os.close(self.dir_fd)
-            self.dir_fd = None
-
-
-def _not_a_receipt(st):
-    """Why what is at the receipt's path (lstat st) is no receipt to replace,
-    or None: only a regular file is. A symlink there is no receipt either:
-    the rename would destroy the link (/dev/stdout, a link into /proc)."""
-    kinds = {0o100000: None, 0o040000: "a directory", 0o120000: "a symlink"}
-    why = kinds.get(st.st_mode & 0o170000, "a device, FIFO or socket")
-    return why and why + " is there"
-
-
-def _open_directory(directory):
-    """(fd, whether it can be fsynced): readable when we may, else by O_PATH,
-    which still serves every *at() call we make."""
-    flags = os.O_DIRECTORY | os.O_CLOEXEC
-    try:
-        return _high_fd(os.open(directory, os.O_RDONLY | flags)), True
-    except PermissionError:
-        return _high_fd(os.open(directory, os.O_PATH | flags)), False
-
-
-def _path_error(e, path, what=None):
-    """The OSError e, naming path (and what was being done)."""
-    reason = e.strerror or str(e)
-    return OSError(e.errno, "%s: %s" % (what, reason) if what else reason, path)
-
-
-def _unlink_quietly(name, dir_fd):
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except OSError:
-        pass
-
-
-# --- The API -----------------------------------------------------------------------------------
-
-# Every option, once, for the API, the command line and --help: its flags,
-# the API's keyword, its kind (a policy flag: the policy it sets is its
-# default), its default, whether the API takes it, and its help ("METAVAR
-# text" when it takes a value).
-_OPTIONS = (
-    (("--timeout",), "timeout", "duration", None, True,
-     "DURATION the deadline, from COMMAND's start (required): 90, 1.5, 10m, 2h, 1d"),
-    (("-k", "--kill-after", "--cleanup-timeout"), "cleanup_timeout", "duration",
-     DEFAULT_CLEANUP_TIMEOUT, True, "DURATION bound of EACH of the three cleanup phases: grace, "
-     "kill, drain (10)"),
-    (("-s", "--signal"), "stop_signal", "signal", "TERM", True,
-     "SIG the first signal of a stop (TERM; 0: none, the grace, then SIGKILL)"),
-    (("--stop-file",), "stop_path", "path", None, True,
-     "PATH if anything is there, COMMAND never starts; else the run stops then"),
-    (("--receipt",), "receipt", "path", None, True, "PATH the receipt, outside the workdir (an "
-     "earlier one there is removed)"),
-    (("--workdir",), "workdir", "path", None, True,
-     "DIR COMMAND's current directory (default: this one; from /, no workdir)"),
-    (("--user",), "user", "text", None, True,
-     "USER[:GROUP] run COMMAND as that user: it cannot touch the supervisor or receipt"),
-    (("--memory-max",), "memory_max", "size", None, True, "SIZE all the run's memory, swap "
-     "included (512M, 2G), or it is killed"),
-    (("--pids-max",), "pids_max", "count", None, True,
-     "N at most N processes and threads in the run at once (a fork past it fails)"),
-    (("--cpu-time",), "cpu_time", "seconds", None, True,
-     "DURATION CPU time of the whole run; spent, the run stops as at the deadline"),
-    (("--output",), "output", "path", None, True,
-     "FILE COMMAND's stdout and stderr go to FILE (made anew)"),
-    (("--max-output",), "max_output", "size", None, True, "SIZE at most SIZE bytes in FILE: "
-     "the head and the tail (with --output)"),
-    (("--containment",), "containment", CONTAINMENTS, "auto", True,
-     "auto|cgroup|proc a cgroup of its own where one can be made, or insist, or none"),
-    (("--drain-all",), "policy", POLICIES, "drain-all", True,
-     "the default: drain every process of the run"),
-    (("--preserve-descendants-on-success",), "policy", POLICIES,
-     "preserve-descendants-on-success", True, "after a natural exit 0, keep every process "
-     "of the run; else drain all"),
-    (("--keep-services",), "policy", POLICIES, "keep-services", True, "keep what COMMAND "
-     "detached (at an exit: all outside its group)"),
-    (("--preserve-status",), "preserve_status", "flag", False, True,
-     "exit with COMMAND's status even when the run was stopped (125 still wins)"),
-    (("-v", "--verbose"), "verbose", "flag", False, True,
-     "say on stderr when it starts and stops, what it drained and kept"),
-    (("--summary",), "summary", "path", None, False, "PATH also a summary, 4 KiB at most, "
-     "written in place (/dev/termination-log)"),
-    (("--new-session",), "new_session", "flag", False, False, "leave the caller's session: "
-     "a kill of its group cannot stop the drain"),
-    (("--end-kept",), "end_kept", "path", None, False, "RECEIPT end what that receipt "
-     "kept, within -k; exit 0 when all is gone"),
-    ((), "stop_with_parent", "pid", None, True, None),
-)
-
-
-def exec_timeout(timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
-    """The bound a controller gives the exec that runs the supervisor: the
-    deadline, each bounded cleanup phase, and slack for start-up and I/O."""
-    return timeout + CLEANUP_PHASE_COUNT * cleanup_timeout + EXEC_TIMEOUT_SLACK
-
-
-def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, **options):
-    """Run command under a deadline, drain what it leaves, return the receipt.
-
-    command is an argv list of str (or bytes); timeout and cleanup_timeout
-    are seconds. The other options are keywords, as the command line's
-    (see _OPTIONS): stop_path (the stop file), workdir, user ("name",
-    "uid", "name:group"), policy (one of POLICIES), stop_signal (a name, a
-    number, or 0), receipt (a path, written as --receipt writes it),
-    containment (one of CONTAINMENTS), preserve_status, verbose; and
-    stop_with_parent, the pid of this process's parent: its death stops
-    the run as SIGTERM would. Must run in the main thread of a
-    single-threaded process on Linux; the children it already has stay its
-    own (never signalled, never reaped). Raises SupervisorError (UsageError
-    for bad arguments) before anything starts. Once the command started, a
-    receipt always comes back: a command that cannot be executed, a failure
-    of the supervisor itself (the run is then ended and drained as far as
-    it can be), or a receipt that could not be written, is in its error and
-    exit_status. The caller's signal handlers, mask and subreaper bit are
-    restored when it returns.
-    """
-    path = options.get("receipt")
-    try:
-        plan, target = _checked_plan(command, _api_values(timeout, cleanup_timeout, options))
-    except BaseException:
-        _remove_stale_at(path)
-        raise
-    run = _Run(plan)
-    try:
-        receipt = _execute(run)
-    except BaseException:
-        if target is not None:
-            target.close()
-        raise
-    finally:
-        _release(run)
-    if target is not None:
-        try:
-            target.write(receipt)
-        except OSError as e:
-            receipt["exit_status"] = EXIT_FAILURE
-            receipt["error"] = _text("%s--receipt: cannot write %s: %s" % (
-                receipt["error"] + "; " if receipt["error"] else "", e.filename, e.strerror))
-        finally:
-            target.close()
-    return receipt
-
-
-def _api_values(timeout, cleanup_timeout, options):
-    """The API's options, checked, with the defaults of the rest."""
-    values = {}
-    for flags, keyword, kind, default, api, _ in _OPTIONS:
-        if api:
-            values.setdefault(keyword, default)
-    for keyword in options:
-        if keyword not in values:
-            raise UsageError("supervise() has no option %r" % keyword)
-    values.update(options, timeout=timeout, cleanup_timeout=cleanup_timeout)
-    kinds = dict((row[1], row[2]) for row in _OPTIONS)
-    return dict((keyword, _checked(kinds[keyword], value, keyword))
-                for keyword, value in values.items())
 
 
 def _checked(kind, value, name):
@@ -4261,74 +2840,6 @@ def _remove_stale_at(path):
     return None
 
 
-def _execute(run):
-    """starting, then the driver; returns the receipt. Raises SupervisorError
-    before the command starts. Once it started, a failure of ours still ends
-    in a receipt, one that does not confirm the cleanup."""
-    try:
-        _prepare(run)
-        _drive(run)
-    except BaseException:
-        _abandon(run)
-        if run.containment is not None and run.pid is None:
-            run.containment.close()  # nothing started: the cgroup made for it goes
-        raise
-    ended_wall, ended = time.time(), _now()
-    _take_back_terminal(run)
-    if run.watch is not None:
-        run.watch.close()  # the lookout, reaped
-    try:  # what the containment says (a cgroup: its usage, read before it is removed)
-        run.fields = run.containment.finish()
-    except OSError:
-        pass  # a cgroup that cannot be read or removed: it stays, and is named
-    if run.stop_reason is None and run.plan.memory_max is not None and (
-            (run.fields["usage"] or {}).get("memory_events") or {}).get("oom_kill"):
-        run.stop_reason = "memory"  # the kernel's OOM killer ended the run at --memory-max
-    if run.output is not None:
-        run.fields["output"] = run.output.finish()
-    # From here on no signal is taken (a flood of queued ones cannot delay the
-    # receipt); they stay pending until we exit (the CLI) or are discarded
-    # when the caller's handlers come back (the API).
-    run.catcher.hold()
-    return _build_receipt(run, ended_wall, ended)
-
-
-def write_receipt(receipt, path):
-    """Write receipt to path atomically (see _ReceiptTarget), creating missing
-    directories; what is at path must be a regular file (replaced) or
-    nothing. Errors are OSErrors that name path."""
-    target = _ReceiptTarget(path)
-    try:
-        target.write(receipt)
-    finally:
-        target.close()
-
-
-def parse_duration(text, option="--timeout"):
-    """Seconds from '90', '1.5', '10m', '2h', '1d', as timeout(1) reads them:
-    ASCII digits, an optional fraction and exponent, leading white space.
-    Refuses zero, negatives, nan, inf and other text; clamps to the largest
-    time_t."""
-    number, unit = text.lstrip(" \t\n\v\f\r"), 1
-    if number[-1:] in _DURATION_UNITS:
-        number, unit = number[:-1], _DURATION_UNITS[number[-1]]
-    value = None
-    if number and all(c in "0123456789.eE+-" for c in number):
-        try:
-            value = float(number)
-        except ValueError:
-            pass
-    # A number too large or too small to represent (1e400, 1e-10000): as
-    # timeout(1), the largest time_t, or a nanosecond, unless it is zero.
-    if value in (0, float("inf")) and not number.startswith("-") and any(
-            c in "123456789" for c in number.lower().partition("e")[0]):
-        value = _MAX_DURATION if value else 1e-9
-    if value is None or not 0 < value < float("inf"):
-        raise UsageError("%s: %r is not a positive duration (seconds, or a number "
-                         "with s, m, h or d: 90, 1.5, 10m)" % (option, text))
-    return min(value * unit, _MAX_DURATION)
-
-
 def _parse_size(value, option, kind="size"):
     """A positive number of bytes ('512M', '2G', '1GiB', '4096': binary
     units), or of processes (kind "count"): ASCII digits; an int from the API."""
@@ -4371,6 +2882,1571 @@ def _parse_signal(text, option="--signal"):
         raise UsageError("%s: unknown signal %r (a name such as TERM or INT, a number, or 0 "
                          "for none)" % (option, text))
     return number
+
+
+# --- The run: its outcome, its state, its one wait, what signals do -------------------------------
+
+
+class _Outcome(object):
+    """What the run came to: written only by the phases that the driver
+    calls, in the order it calls them; the receipt (_receipt) is its
+    projection, with the plan's, and decides nothing (docs/design.md, "The
+    outcome"). Its parts, by the phase that writes them:
+
+        started_wall, started       _start_command (until then, when the run
+                                    was made): time.time() and monotonic
+        usage_before, fork_rss_kib  _start_command: RUSAGE_CHILDREN, our RSS
+        cgroup_unavailable          _prepare: why `auto` took no cgroup
+        ladder, cleanup_started     _enter: [step, start, end] of each cleanup
+                                    step; when the run left running
+        stop_reason, stop_signal,   _decide_stop, the one writer: why the run
+        run_signal                  stopped (None: the command's own exit),
+                                    the signal that stopped it, the signal the
+                                    run gets first
+        error, error_exit, failed   _note_exec_failure, _fail
+        killed                      _stop_and_wait, _drain: SIGKILL was needed
+        survivors, stable           _drain, then _finish and _note_survivors:
+        survivors_count             what was alive, whether the looks were
+                                    undisturbed, how many (None: unseen)
+        preserved, unattributed,    _finish: the kept roots; the live ones
+        foreign                     adopted in the caller's jobs' groups; the
+                                    --user uid's outside the run
+        ended_wall, ended, pid,     _account: the end; the command's pid and
+        return_code, held, output,  return code; the containment's fields;
+        usage, namespaces, drained, the output's; the cost; the namespaces;
+        confirmed, exit_status      what was ended; the verdict
+    """
+    __slots__ = (
+        "started_wall", "started", "usage_before", "fork_rss_kib", "cgroup_unavailable", "ladder",
+        "cleanup_started", "stop_reason", "stop_signal", "run_signal", "error", "error_exit",
+        "failed", "killed", "survivors", "stable", "survivors_count", "preserved",
+        "unattributed", "foreign", "ended_wall", "ended", "pid", "return_code", "held", "output",
+        "usage", "namespaces", "drained", "confirmed", "exit_status", "supervisor_pid")
+
+    def __init__(self, plan):
+        for name in self.__slots__:
+            setattr(self, name, None)
+        self.started_wall, self.started, self.supervisor_pid = time.time(), _now(), os.getpid()
+        self.ladder, self.survivors, self.preserved, self.unattributed, self.foreign, \
+            self.drained = [], [], [], [], [], []
+        self.failed = self.killed = False
+        self.stable, self.run_signal = True, plan.stop_signal
+        self.held = {"containment": None, "cgroup": None, "kept_cgroup": None, "usage": None,
+                     "limits_set": {}}
+
+
+class _Run(object):
+    """One supervised run: the plan, the state it is in (only _enter()
+    changes it, and only the driver calls that), the outcome, and what the
+    run holds while it lasts (each part closed by _release())."""
+
+    def __init__(self, plan):
+        self.plan, self.state, self.outcome = plan, "starting", _Outcome(plan)
+        # The command: its pid (also its group id), its exec report, its
+        # waitid() once it exited (it stays unreaped until done).
+        self.pid = self.report = self.exit_info = None
+        self.reaped = False
+        # The deadline (the command's start + timeout); --cpu-time's next read.
+        self.endtime, self.cpu_check_at = None, 0.0 if plan.cpu_time else float("inf")
+        # The stop signals taken: the last request, (signal, when); whether a
+        # later one asked to hurry (skip the rest of the grace).
+        self.last_stop, self.hurry = (None, 0.0), False
+        self.fs = self.containment = self.look = self.catcher = self.watch = None
+        self.callers = self.reaper = self.budget = self.record = None
+        self.output = self.terminal = self.ctrl_c = self.subreaper_before = None
+
+
+def _enter(run, state):
+    """Move the run to `state`. Cleanup steps are timed for the receipt's
+    ladder; entering one returns its endtime (a budget of cleanup_timeout)."""
+    now, ladder = _now(), run.outcome.ladder
+    if ladder and ladder[-1][2] is None:
+        ladder[-1][2] = now
+    if run.state == "running":
+        run.outcome.cleanup_started = now
+    run.state = state
+    if state in _CLEANUP_STEPS:
+        ladder.append([state, now, None])
+        return now + run.plan.cleanup_timeout
+    return None
+
+
+def _wait(run, endtime, fds=(), priority_fds=()):
+    """The one place a run blocks: until a signal arrives, one of fds is
+    readable (pidfds), one of priority_fds changes (cgroup.events), the stop
+    file's watch or the exec report speaks (while running only), or the
+    monotonic time `endtime`. Then act on the signals."""
+    running = run.state == "running"
+    watch_fd = run.watch.fd if running and run.watch is not None else None
+    report_fd = run.report.fd if running else None
+    output_fd = run.output.fd if run.output is not None else None
+    ctrl_c_fd = run.ctrl_c.fd if run.ctrl_c is not None else None
+    wanted = [fd for fd in (run.catcher.fd, watch_fd, report_fd, output_fd, ctrl_c_fd)
+              if fd is not None]
+    if run.reaper.pending:
+        endtime = min(endtime, run.reaper.next_list_reap)
+    ready = _wait_ready(wanted + list(fds), priority_fds, endtime - _now())
+    if output_fd in ready:  # (not at every wake-up: a read that finds nothing is a syscall)
+        run.output.pump()
+    if ctrl_c_fd in ready:  # (a SIGINT the caller ignored stays ignored, here too)
+        run.catcher.note([sig for sig in run.ctrl_c.heard()
+                          if sig not in run.catcher.ignored_by_caller])
+    _act_on_signals(run)
+
+
+def _wait_for(run, waiter, endtime, interruptible=False):
+    """Block until waiter says done (processes gone, a cgroup empty or
+    frozen): True; False at `endtime`, or, when interruptible, as soon as a
+    later stop signal asks to hurry. run None: taking no signal meanwhile
+    (they wait in the signalfd for the run's next _wait(), or there is no
+    run: --end-kept)."""
+    while not waiter.done():
+        if _now() >= endtime or (interruptible and run.hurry):
+            return False
+        fds, priority_fds, poll_at = waiter.wake()
+        until = endtime if poll_at is None else min(endtime, poll_at)
+        if run is None:
+            _wait_ready(fds, priority_fds, until - _now())
+        else:
+            _wait(run, until, fds, priority_fds)
+    return True
+
+
+def _act_on_signals(run):
+    """Dispatch what arrived on (state, kind of signal); SIGCHLD reaps."""
+    child_exited = False
+    for sig, when in run.catcher.take():
+        if sig == signal.SIGCHLD:
+            child_exited = True
+        else:
+            kind = 1 if sig in _FORWARDED_SIGNALS else 2 if sig == signal.SIGTSTP else 0
+            action = _SIGNAL_ACTIONS[run.state][kind]
+            if action is not None:
+                action(run, sig, when)
+    # While a list reap is pending, the zombie that made it so still hides the
+    # others from waitid(): a SIGCHLD (a storm sends thousands) changes nothing.
+    if run.reaper.pending:
+        if _now() >= run.reaper.next_list_reap:
+            run.reaper.reap_exited()
+    elif child_exited:
+        run.reaper.reap_exited()
+
+
+def _request_stop(run, sig, when):
+    """The first stop request is the one; the phase that is waiting decides
+    what it means (_stopped_before_start, _why_stop)."""
+    if run.last_stop[0] is None:
+        run.last_stop = (sig, when)
+
+
+def _hurry(run, sig, when):
+    """A second stop signal skips the rest of the grace. The first one after
+    a stop by the deadline or the stop file is that stop again (a controller
+    touches the stop file, then sends SIGTERM); the same signal again within
+    _STOP_BURST is the same request (GNU timeout signals its child, then its
+    own process group, which holds the child too). After a natural exit
+    there is no request yet: any stop signal hurries the drain."""
+    last_signal, last_when = run.last_stop
+    if last_signal is None and run.outcome.stop_reason is not None:
+        run.last_stop = (sig, when)
+        return
+    if sig == last_signal and when - last_when < _STOP_BURST:
+        return
+    run.hurry, run.last_stop = True, (sig, when)
+    # Nothing a stop signal can do is left: hold them all, so that a flood of
+    # queued real-time ones (each would run a handler) waits in the kernel
+    # instead of slowing the cleanup down.
+    run.catcher.hold(_STOP_SIGNALS)
+
+
+def _forward(run, sig, when):
+    if not run.reaped:
+        _signal_group(run.fs, run.pid, sig)
+
+
+# What a signal does, by the state of the run: a stop signal (TERM, INT, HUP
+# and every other that would end us), a forwarded one (USR1, USR2, WINCH),
+# and SIGTSTP; None ignores it. SIGCHLD reaps in every state (_act_on_signals).
+_SIGNAL_ACTIONS = {
+    #              stop           forwarded  suspend
+    "starting":    (_request_stop, None, None),
+    "running":     (_request_stop, _forward, lambda run, sig, when: _suspend(run)),
+    "terminating": (_hurry, _forward, None),
+    "killing":     (_hurry, None, None),
+    "draining":    (_hurry, None, None),
+    "done":        (None, None, None),
+}
+
+
+def _command_exited(run):
+    """Has the command exited? Looks without reaping (WNOWAIT)."""
+    if run.exit_info is None and run.pid is not None and not run.reaped:
+        try:  # None while it runs
+            run.exit_info = os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            pass
+    return run.exit_info is not None
+
+
+# --- Job control: the terminal, Ctrl-Z, forwarded signals -----------------------------------------
+
+
+class _CtrlC(_HoldsFd):
+    """At a terminal the command's group is the foreground one: Ctrl-C and
+    Ctrl-\\ signal it, not us, and a command that catches SIGINT would run
+    on. So while the run runs a child of ours joins that group to hear them
+    for us: each SIGINT or SIGQUIT it gets is a byte on a pipe, a stop by
+    that signal (passed on, the grace, then SIGKILL: as timeout -k). It
+    ignores every other signal, and is none of the run's."""
+
+    def __init__(self, pgid):
+        self.fd, write_end = _pipe()
+        parent, self.pid = os.getpid(), _acquire("fork", os.fork)
+        if self.pid == 0:
+            try:
+                os.setpgid(0, pgid)
+                _set_parent_death_signal(signal.SIGKILL)
+                os.dup2(write_end, 0)
+                os.closerange(1, os.sysconf("SC_OPEN_MAX"))
+                heard = (signal.SIGINT, signal.SIGQUIT)
+                for sig in set(_VALID_SIGNALS) - set(heard + (signal.SIGKILL, signal.SIGSTOP)):
+                    signal.signal(sig, signal.SIG_IGN)
+                signal.pthread_sigmask(signal.SIG_SETMASK, heard)
+                while os.getppid() == parent:  # (it died before PR_SET_PDEATHSIG: we end)
+                    info = signal.sigwaitinfo(heard)  # the terminal's (SI_KERNEL), not a kill()
+                    os.write(0, bytes([info.si_signo] * (info.si_code == 0x80)))
+            finally:
+                os._exit(0)
+        os.close(write_end)
+
+    def heard(self):
+        said = os.read(self.fd, 64)
+        if not said:  # gone: Ctrl-C is the command's alone again
+            _HoldsFd.close(self)
+        return list(said)
+
+    def close(self):
+        if self.pid is not None:
+            _quietly_signal(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            self.pid = None
+        _HoldsFd.close(self)
+
+
+def _caller_terminal():
+    """fd 0 when it is a terminal and we are in its foreground group."""
+    try:
+        return 0 if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp() else None
+    except OSError:
+        return None
+
+
+def _give_terminal(fd, pgid):
+    """tcsetpgrp with SIGTTOU blocked, so a background caller is not stopped."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTTOU])
+    try:
+        os.tcsetpgrp(fd, pgid)
+    except OSError:
+        pass  # the terminal went away (hangup): nothing to hand over
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _take_back_terminal(run):
+    """Take the terminal back from the command's group, or from whatever group
+    of the run held it last and is now empty (a job the command gave it to),
+    never from a live group that is not the run's."""
+    if run.terminal is None or run.pid is None:
+        return
+    try:
+        foreground = os.tcgetpgrp(run.terminal)
+    except OSError:
+        return
+    if foreground != os.getpgrp() and (foreground == run.pid or not _group_exists(foreground)):
+        _give_terminal(run.terminal, os.getpgrp())
+
+
+def _group_exists(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _suspend(run):
+    """Ctrl-Z or SIGTSTP: stop the command's group, give the terminal back,
+    stop ourselves; on SIGCONT (fg, bg) resume the group, and give it the
+    terminal again if we were resumed in the foreground. In an orphaned
+    process group the kernel drops SIGTSTP: we do not stop, and the group
+    resumes at once."""
+    if run.reaped:
+        return
+    _signal_group(run.fs, run.pid, signal.SIGSTOP)
+    _take_back_terminal(run)
+    run.catcher.suspend_ourselves()
+    if run.terminal is not None and _caller_terminal() is not None:
+        _give_terminal(run.terminal, run.pid)
+    _signal_group(run.fs, run.pid, signal.SIGCONT)
+
+
+def _check_job_control(run):
+    """With the terminal handed over, Ctrl-Z stops the command: suspend with
+    it. Not under --user: an untrusted command that stops itself must not
+    suspend the supervisor, and with it the deadline (at the stop it gets
+    SIGCONT with the stop signal, as any stopped member does)."""
+    if run.terminal is None or run.plan.user is not None:
+        return
+    try:
+        info = os.waitid(os.P_PID, run.pid, os.WSTOPPED | os.WNOHANG)
+    except ChildProcessError:
+        return
+    if info is not None and info.si_code == os.CLD_STOPPED:
+        _suspend(run)
+
+
+# --- What the command is given: its exec report, its output ---------------------------------------
+
+
+class _ExecReport(_HoldsFd):
+    """The child's word on its exec, through a CLOEXEC pipe: EOF with nothing
+    said means the exec happened (or the child died first); "step errno" means
+    it failed. Pending until EOF is read."""
+
+    def __init__(self, fd):
+        self.fd, self.data, self.failure = fd, b"", None
+
+    def read(self, block):
+        """Read what is there; with block, to EOF (the caller knows the child is
+        gone, so the only write end is closed)."""
+        if self.fd is None:
+            return
+        os.set_blocking(self.fd, block)
+        try:
+            chunk = os.read(self.fd, 512)
+            while chunk:
+                self.data += chunk
+                chunk = os.read(self.fd, 512)
+        except BlockingIOError:
+            return
+        self.close()
+        if self.data:
+            step, code, detail = (self.data.decode("utf-8", "replace").split(" ", 2) + [""])[:3]
+            self.failure = (step, int(code), detail)
+
+
+class _Output(object):
+    """--output FILE: the command's stdout and stderr. With --max-output,
+    through a pipe we read at every wait (the command never blocks on it,
+    and never gets SIGPIPE while the run lasts): FILE gets the first half of
+    the cap as it comes, a ring (an unlinked file beside FILE) the last
+    bytes; at the end, a marker where bytes were cut, then the tail. FILE
+    never grows past the cap. A regular file only (a FIFO would block us)."""
+
+    def __init__(self, path, cap):
+        self.path, self.cap, self.seen, self.error = path, cap, 0, None
+        self.fd = self.ring = self.file = self.for_command = None
+        try:
+            self.file = self.for_command = _high_fd(os.open(path, os.O_WRONLY | os.O_CREAT
+                                                            | os.O_TRUNC | os.O_NONBLOCK
+                                                            | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+            if os.fstat(self.file).st_mode & 0o170000 != 0o100000:
+                raise OSError(errno.EINVAL, "not a regular file", path)
+            os.set_blocking(self.file, True)
+            if cap is not None:
+                import fcntl
+                import tempfile
+                self.ring = tempfile.TemporaryFile(dir=os.path.dirname(path))
+                self.head_size = cap // 2
+                self.ring_size = cap - self.head_size
+                self.fd, self.for_command = _pipe()
+                os.set_blocking(self.fd, False)
+                try:
+                    fcntl.fcntl(self.fd, _F_SETPIPE_SZ, 1 << 20)  # fewer, larger reads
+                except OSError:
+                    pass  # over /proc/sys/fs/pipe-max-size: the default will do
+        except BaseException as e:
+            self.close()
+            if isinstance(e, OSError):
+                raise SupervisorError("--output: cannot write %s: %s" % (
+                    e.filename or path, _os_error_text(e)))
+            raise
+
+    def pump(self):
+        """Keep what the command wrote since (a bounded amount: the wait goes on)."""
+        for _ in range(_OUTPUT_READS if self.fd is not None else 0):
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                return
+            if not chunk:  # every writer is gone
+                os.close(self.fd)
+                self.fd = None
+                return
+            try:
+                if self.error is None:
+                    self._keep(chunk)
+            except OSError as e:
+                self.error = "%s: %s" % (self.path, e.strerror)  # (a full disk) counted on
+            self.seen += len(chunk)
+
+    def _keep(self, chunk):
+        head = max(0, min(len(chunk), self.head_size - self.seen))
+        _write_all(self.file, chunk[:head])
+        rest = chunk[head:][-self.ring_size:]
+        at = (self.seen + len(chunk) - len(rest) - self.head_size) % self.ring_size
+        first = rest[:self.ring_size - at]
+        _write_all(self.ring.fileno(), first, at)
+        _write_all(self.ring.fileno(), rest[len(first):], 0)
+
+    def finish(self):
+        """The tail after the head, with the marker where bytes were cut;
+        the receipt's output. Anything still writing gets SIGPIPE from now.
+        Without a cap, the bytes were the command's to write: not seen."""
+        if self.cap is not None:
+            self.pump()
+            beyond = max(0, self.seen - self.head_size)
+            tail, marker = min(beyond, self.ring_size), b""
+            if beyond > self.ring_size:
+                tail = self.ring_size - len(b"\n[treereap: %d bytes cut here]\n" % beyond)
+                marker = b"\n[treereap: %d bytes cut here]\n" % (beyond - tail)
+            start = (beyond - tail) % self.ring_size
+            try:
+                _write_all(self.file, marker if self.error is None else b"")
+                while tail and self.error is None:
+                    data = os.pread(self.ring.fileno(), min(tail, self.ring_size - start, 1 << 20),
+                                    start)
+                    if not data:
+                        raise OSError(errno.EIO, "the ring is short")
+                    _write_all(self.file, data)
+                    tail, start = tail - len(data), (start + len(data)) % self.ring_size
+            except OSError as e:
+                self.error = "%s: %s" % (self.path, e.strerror)
+        kept = os.fstat(self.file).st_size
+        self.close()
+        return {"path": _text(self.path), "max_bytes": self.cap,
+                "bytes_seen": self.seen if self.cap is not None else None,
+                "bytes_kept": kept, "cut": kept < self.seen, "error": self.error}
+
+    def close(self):
+        for fd in set((self.fd, self.for_command, self.file)) - set([None]):
+            os.close(fd)
+        self.fd = self.for_command = self.file = None
+        if self.ring is not None:
+            self.ring.close()
+
+
+def _write_all(fd, data, at=None):
+    """All of data, where fd is or at `at`: a short write (a disk filling up)
+    goes on, and one that writes nothing is ENOSPC."""
+    while data:
+        done = os.write(fd, data) if at is None else os.pwrite(fd, data, at)
+        if not done:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        data, at = data[done:], None if at is None else at + done
+
+
+# --- The phases: the driver, starting and running -------------------------------------------------
+
+
+def _execute(run):
+    """The run, from its plan to its receipt: the driver, then the receipt,
+    the projection of the plan and the outcome. Raises SupervisorError before
+    the command starts. Once it started, a failure of ours still ends in a
+    receipt, one that does not confirm the cleanup."""
+    try:
+        _drive(run)
+    except BaseException:
+        _abandon(run)
+        if run.containment is not None and run.pid is None:
+            run.containment.close()  # nothing started: the cgroup made for it goes
+        raise
+    return _receipt(run.plan, run.outcome)
+
+
+def _drive(run):
+    """The driver: the states of a run, in order, and the phase each one
+    runs. It alone moves the state (_enter), and only the phases it calls
+    write the outcome, in this order:
+
+        starting     prepare (refuse what cannot work, hold the run, take the
+                     signals); a stop asked for already: done, and the
+                     command never starts
+        running      until the command exits, the deadline, the stop file,
+                     the CPU time or a stop signal
+        terminating  look (freeze, keep what the policy keeps, the rest
+                     recorded); the stop signal; thaw; the grace
+        killing      (a forced stop) SIGKILL what can be killed at once;
+                     the command's own process
+        draining     drain rounds (kill, wait) until a confirming look,
+                     within one budget
+        done         reap the command; what is kept; one last look; then
+                     the account: the containment's, the output's, the
+                     cost, the verdict
+
+    A natural exit skips killing, and draining when everything is kept. A
+    failure of ours after the fork: the run is ended, drained as far as it
+    can be, and not confirmed."""
+    _prepare(run)
+    if _stopped_before_start(run):
+        _enter(run, "done")
+    else:
+        _run_and_end(run)
+    _account(run)
+
+
+def _run_and_end(run):
+    """running to done: the command, its stop, the drain, the last looks."""
+    run.terminal = _caller_terminal() if run.plan.user is None else None
+    try:
+        _start_command(run)
+        _say(run, "started: pid %d, in %s, deadline %gs" % (
+            run.pid, run.containment.where, run.plan.timeout))
+        _enter(run, "running")
+        _run_until_stop(run)
+        _leave_running(run)
+        if run.report.failure:
+            _note_exec_failure(run)
+            _enter(run, "done")
+            return
+        keep, containment = _keep_what(run), run.containment
+        if run.outcome.stop_reason is not None:
+            if run.report.fd is not None:  # not read to EOF: it may not have exec'd yet
+                containment.join(run.pid)
+            _say(run, "stopping the run: %s; %s" % (_why_stopped(run), _first_signal(run)))
+            endtime = _enter(run, "terminating")
+            run.look = containment.look(keep, run.pid, endtime)
+            _stop_and_wait(run, run.look, endtime)
+            _kill_command(run, _enter(run, "killing"))
+        else:
+            run.look = containment.look(keep, run.pid, _now() + run.plan.cleanup_timeout)
+            if run.look.found:
+                _stop_and_wait(run, run.look, _enter(run, "terminating"))
+            else:
+                containment.stop(run.look, 0, _now()).close()  # nothing to end: let the kept run on
+        if run.look.scope.reach is not None:
+            _drain(run, run.look, _enter(run, "draining"))
+        _enter(run, "done")
+        _finish(run, run.look)
+    except Exception as e:
+        if run.pid is None:
+            raise  # the fork itself failed: nothing started, nothing to end
+        _fail(run, e)
+        if run.state not in ("draining", "done"):
+            _drain_after_failure(run, _enter(run, "draining"))
+        if run.state != "done":
+            _enter(run, "done")
+        _reap_after_failure(run)
+        _note_survivors(run)
+
+
+def _prepare(run):
+    """starting: refuse what cannot work; become a subreaper; hold the run
+    (its containment); take over signals."""
+    _require_linux()
+    try:
+        import resource  # noqa: F401  now: lifting the fd limit must not need an fd
+    except ImportError as e:
+        raise SupervisorError("cannot load the resource module (ulimit -n?): %s" % e)
+    run.fs = _ProcFS()
+    _choose_containment(run)
+    try:
+        run.subreaper_before = _set_subreaper(True)
+    except OSError as e:
+        raise SupervisorError("cannot become a child subreaper (%s); Linux >= 3.4 needed" % e)
+    parent = run.plan.stop_with_parent
+    # SIGTERM is always ours: a launcher may ignore it only to fence its own
+    # start-up (trap '' TERM; exec supervisor.py ...).
+    run.catcher = _SignalCatcher(always=(signal.SIGTERM,), stop_signal=run.plan.stop_signal)
+    if parent is not None:
+        # The parent's death arrives as SIGTERM; a parent that died before we
+        # asked shows as a new parent pid.
+        _set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != parent:
+            run.catcher.note([signal.SIGTERM])
+    run.callers.note(run.fs, run.reaper.children)
+    if run.plan.stop_path is not None:
+        run.watch = _StopFileWatch(run.plan.stop_path)
+        run.callers.spare(run.watch.pid)
+    run.output = _Output(run.plan.output, run.plan.max_output) if run.plan.output else None
+
+
+def _choose_containment(run):
+    """The run's containment, chosen once: a cgroup of its own where one can
+    be made and is ours to use (--containment auto, the default; cgroup
+    insists), else the /proc walk alone. Reaping, the caller's jobs,
+    descriptors and the record of what was drained live beside it; the
+    walk serves both."""
+    fs, plan = run.fs, run.plan
+    children = _Children(fs)
+    run.callers = _CallersJobs()
+    run.reaper = _Reaper(children, run.callers)
+    run.budget, run.record = _FdBudget(fs), _Record(fs)
+    walker = _Walker(fs, children, run.callers, run.reaper, run.budget, run.record)
+    if plan.containment != "proc":
+        try:
+            home, own, cgroup, limits_set, ended = _cgroup_for_run(fs, plan)
+        except _NoCgroup as e:
+            if plan.containment == "cgroup":
+                raise SupervisorError("--containment cgroup: %s; use --containment auto or proc"
+                                      % e)
+            if _limits_asked(plan):
+                raise SupervisorError("%s: needs a cgroup of the run's own, and there is none "
+                                      "here: %s" % (_limits_asked(plan)[0][0], e))
+            run.outcome.cgroup_unavailable = str(e)
+        else:
+            run.containment = _CgroupContainment(home, own, cgroup, limits_set, walker,
+                                                 run.budget, run.record)
+            for path in ended:
+                _say(run, "ended %s, a run whose supervisor was killed" % path)
+            return
+    run.containment = _ProcContainment(walker)
+
+
+def _stopped_before_start(run):
+    """starting: a stop signal already received, or a stop file already
+    there: the command never starts."""
+    _act_on_signals(run)
+    there = run.watch is not None and run.watch.first_look(_STOP_FILE_ANSWER)
+    sig = run.last_stop[0]
+    if sig is not None or there:
+        _decide_stop(run, "signal" if sig is not None else "stop_file", sig)
+    return run.outcome.stop_reason is not None
+
+
+def _decide_stop(run, reason, sig=None):
+    """The one place the run's stop is decided, once, by the phase that saw
+    why (docs/design.md, "The outcome"): the receipt's stop_reason, the
+    signal that stopped it, and the signal the run gets first: that one if
+    it is one of _PASSED_ON, else -s. A signal the caller ignored is not
+    passed on (the command ignores it too)."""
+    outcome, passed_on = run.outcome, set(_PASSED_ON) - run.catcher.ignored_by_caller
+    outcome.stop_reason, outcome.stop_signal = reason, sig
+    outcome.run_signal = sig if sig in passed_on else run.plan.stop_signal
+
+
+def _start_command(run):
+    """Fork, and exec COMMAND in a process group of its own (and the run's
+    cgroup) with the caller's stdio, environment, signal mask and ignored
+    signals."""
+    read_end, write_end = _pipe()
+    outcome = run.outcome
+    outcome.fork_rss_kib = _own_rss_kib(run.fs)
+    # All signals blocked across fork: the child must not run our handlers.
+    own_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _VALID_SIGNALS)
+    try:
+        outcome.started_wall, outcome.started = time.time(), _now()
+        run.endtime = outcome.started + run.plan.timeout
+        outcome.usage_before = _children_usage()
+        pid = _acquire("fork", os.fork)
+        if pid == 0:
+            _exec_command(run, write_end)  # never returns
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, own_mask)
+        os.close(write_end)
+        if run.output is not None and run.output.fd is not None:
+            os.close(run.output.for_command)  # the command's alone: its exit is our EOF
+            run.output.for_command = None
+    if run.plan.user is None:  # (under --user the child makes a session: see _exec_command)
+        try:
+            os.setpgid(pid, pid)  # also in the parent, so the group exists either way
+        except OSError:
+            pass  # EACCES: the child has already done it and exec'd
+    run.pid = pid
+    run.reaper.hold_command(pid)
+    run.report = _ExecReport(read_end)
+    if run.terminal is not None:
+        _give_terminal(run.terminal, pid)
+        run.ctrl_c = _CtrlC(pid)
+        run.callers.spare(run.ctrl_c.pid)
+
+
+def _own_rss_kib(fs):
+    """Our resident set now (/proc/self/statm): the image the command starts
+    as, before its exec, whose peak the kernel keeps in its ru_maxrss."""
+    try:
+        pages = int((fs.read("self/statm") or b"0 0").split()[1])
+    except (ObservationError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _exec_command(run, report_fd):
+    step = "setpgid"
+    try:
+        # Under --user, a session of its own, and so an autogroup and no
+        # controlling terminal: in the caller's session an untrusted command
+        # could renice the session's autogroup for good (19, after the run),
+        # or push input into the caller's terminal (TIOCSTI).
+        if run.plan.user is not None:
+            os.setsid()
+        else:
+            os.setpgid(0, 0)
+        step = "cgroup"
+        run.containment.join(0)
+        if run.plan.memory_max is not None:  # at -1000 (ours, inherited) no OOM kill would come
+            step = "oom_score_adj"
+            if int(_read_to_end(os.open("/proc/self/oom_score_adj", os.O_RDONLY), True)) < 0:
+                _write_all(os.open("/proc/self/oom_score_adj", os.O_WRONLY), b"0")  # (at exec)
+        if run.output is not None:
+            step = "output"
+            for fd in (1, 2):
+                os.dup2(run.output.for_command, fd)
+        if run.terminal is not None:
+            step = "tcsetpgrp"
+            os.tcsetpgrp(run.terminal, os.getpid())  # SIGTTOU is blocked here
+        user = run.plan.user
+        if user is not None and user.switching:
+            step = "setgroups"
+            os.setgroups(user.groups)
+            step = "setgid"
+            os.setresgid(user.gid, user.gid, user.gid)
+            step = "setuid"
+            os.setresuid(user.uid, user.uid, user.uid)
+        if user is not None:
+            step = "prctl(PR_SET_NO_NEW_PRIVS)"  # no setuid binary brings root back
+            _libc().call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if run.plan.stop_signal:
+            # As timeout(1): should the supervisor be killed, the command gets
+            # the stop signal (after the uid switch, which would clear it).
+            step = "prctl(PR_SET_PDEATHSIG)"
+            _set_parent_death_signal(run.plan.stop_signal)
+            if os.getppid() != run.outcome.supervisor_pid:
+                os.kill(os.getpid(), run.plan.stop_signal)
+        step = "chdir"
+        os.chdir(run.plan.workdir)
+        run.catcher.reset_for_command()
+        step = "exec"
+        environment = user.environment if user is not None and user.environment else os.environ
+        _exec_from_path(run.plan.command[0], run.plan.command, environment)
+    except BaseException as e:  # whatever it is, the parent must hear of it
+        code = getattr(e, "errno", None) or errno.EINVAL
+        detail = "" if getattr(e, "errno", None) else " %s: %s" % (type(e).__name__, e)
+        os.write(report_fd, ("%s %d%s" % (step, code, detail)).encode("utf-8", "replace"))
+    finally:
+        os._exit(EXIT_NOT_FOUND)
+
+
+def _exec_from_path(name, argv, environment):
+    """os.execvpe, without its imports: after a switch to --user, the
+    interpreter's own library may be out of that user's reach (os.execvpe
+    imports warnings). The same search: each PATH entry in turn, the first
+    error that is not "not there" reported."""
+    if not name:  # as execvp(""): nothing by that name (os.execve refuses it: ValueError)
+        raise FileNotFoundError(errno.ENOENT, "not found")
+    if (b"/" if isinstance(name, bytes) else "/") in name:
+        os.execve(name, argv, environment)
+    first = last = None
+    for directory in environment.get("PATH", os.defpath).split(os.pathsep):
+        try:
+            os.execve(os.path.join(os.fsencode(directory or "."), os.fsencode(name)),
+                      argv, environment)
+        except OSError as e:
+            last = e
+            if first is None and e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                first = e
+    raise first or last or FileNotFoundError(errno.ENOENT, "not found")
+
+
+def _run_until_stop(run):
+    """running: block until the command exits (or its exec fails), or there
+    is a reason to stop it (_why_stop), which is then decided."""
+    while True:
+        run.report.read(block=False)
+        if run.report.failure:
+            return
+        if _command_exited(run):
+            run.report.read(block=True)  # the exec report first: a failed exec is no exit
+            # A stop asked for as it exited is no stop: it hurries the drain.
+            run.hurry = run.hurry or run.last_stop[0] is not None
+            return
+        reason, sig = _why_stop(run)
+        if reason is not None:
+            _decide_stop(run, reason, sig)
+            return
+        _check_job_control(run)
+        _wait(run, min(run.endtime, run.cpu_check_at))
+
+
+def _why_stop(run):
+    """(reason, signal) to stop the running command now, or (None, None): a
+    stop signal taken (past the deadline, it is the deadline's), the
+    deadline, the stop file, the CPU time (--cpu-time)."""
+    sig, when = run.last_stop
+    now = _now()
+    if sig is not None:
+        return ("timeout", None) if when >= run.endtime else ("signal", sig)
+    if now >= run.endtime:
+        return "timeout", None
+    if run.watch is not None and run.watch.stopped():
+        return "stop_file", None
+    if now >= run.cpu_check_at and _cpu_time_spent(run):
+        return "cpu_time", None
+    return None, None
+
+
+def _cpu_time_spent(run):
+    """--cpu-time: is the run's CPU spent (the cgroup's cpu.stat: every
+    process it held, reaped or not)? If not, it is read again when it could
+    be at the earliest, every CPU busy (BenchExec's way): nothing reads it
+    more often than the run could spend it."""
+    usage = run.containment.usage()  # None: cpu.stat unreadable (a mount over it): spent
+    left = run.plan.cpu_time - (usage["cpu_usage_s"] if usage else float("inf"))
+    run.cpu_check_at = _now() + max(left / (os.cpu_count() or 1), _CPU_TIME_MIN_WAKE)
+    return left <= 0
+
+
+def _note_exec_failure(run):
+    """The child exited without running COMMAND: nothing else ran."""
+    step, code, detail = run.report.failure
+    if not run.reaped:
+        os.waitpid(run.pid, 0)
+        run.reaped = True
+    # The receipt's pid and return code are the command's, and it never ran
+    # (the exit _command_exited() may have seen first is the child's).
+    run.pid, run.exit_info = None, None
+    reason, outcome = detail or os.strerror(code), run.outcome
+    if step == "exec" and not detail:
+        outcome.error = "cannot run %r: %s" % (run.plan.command[0], reason)
+        outcome.error_exit = (EXIT_NOT_FOUND if code in (errno.ENOENT, errno.ENOTDIR)
+                              else EXIT_CANNOT_EXECUTE)
+    else:
+        outcome.error = "cannot start the command (%s): %s" % (step, reason)
+        outcome.error_exit = EXIT_FAILURE
+
+
+def _say(run, text):
+    """-v: one line on stderr now, if stderr takes it at once (a full pipe
+    must not hold up the stop)."""
+    if run.plan.verbose:
+        _complain(text, patient=False)
+
+
+def _why_stopped(run):
+    reason = run.outcome.stop_reason
+    if reason == "timeout":
+        return "the deadline passed (%gs)" % run.plan.timeout
+    if reason == "stop_file":
+        return "the stop file %s appeared" % run.plan.stop_path
+    if reason == "cpu_time":
+        return "the run spent its CPU time (--cpu-time %gs)" % run.plan.cpu_time
+    return "%s received" % _signal_name(run.outcome.stop_signal)
+
+
+def _leave_running(run):
+    if run.ctrl_c is not None:  # (reaped at _release: until then its pid stays its own)
+        _quietly_signal(run.ctrl_c.pid, signal.SIGKILL)
+    if run.outcome.stop_reason is None:
+        if run.watch is not None:
+            run.watch.last_look(_STOP_FILE_ANSWER)
+        _take_back_terminal(run)
+
+
+def _first_signal(run):
+    sig = run.outcome.run_signal
+    return "%s to the run" % _signal_name(sig) if sig else \
+        "no signal first (-s 0): the grace, then SIGKILL"
+
+
+def _keep_what(run):
+    """What the policy keeps out of the drain, for this ending.
+    drain-all: nothing. keep-services: at a forced stop the detached
+    services (our children outside the group, adopted before the decision);
+    at a natural exit every process outside the group.
+    preserve-descendants-on-success: everything, when the command exited by
+    itself with status 0 and nothing stopped the run; else nothing."""
+    policy, forced = run.plan.policy, run.outcome.stop_reason is not None
+    if policy == "keep-services":
+        return _KEEP_DETACHED if forced else _KEEP_OUTSIDE_GROUP
+    if policy == "preserve-descendants-on-success" and not forced and _succeeded(run):
+        return _KEEP_EVERYTHING
+    return _KEEP_NOTHING
+
+
+def _succeeded(run):
+    """Exited by itself with 0, with no stop asked for (not even one that came
+    with the exit), and no stop file there now."""
+    return (run.exit_info is not None and _return_code(run.exit_info) == 0
+            and not run.hurry and not (run.watch is not None and run.watch.seen))
+
+
+def _stop_and_wait(run, look, endtime):
+    """The stop signal to what the look found (a stopped process still dies
+    at once of a SIGTERM it does not handle: the kernel's fatal-signal
+    shortcut), the run let go on, and the grace: until each has exited,
+    `endtime`, or a later stop signal asks to hurry."""
+    waiter = run.containment.stop(look, run.outcome.run_signal, endtime)
+    try:
+        if not _wait_for(run, waiter, endtime, interruptible=True):
+            run.outcome.killed = True
+            _say(run, "a second stop signal cut the grace short: SIGKILL" if run.hurry
+                 else "the grace ran out (%gs): SIGKILL" % run.plan.cleanup_timeout)
+    finally:
+        waiter.close()
+
+
+def _kill_command(run, endtime):
+    """SIGKILL what can be killed at once (the group; with a cgroup, the
+    whole run), even when all seemed gone: a member forked during the grace
+    must not fork again while the drain looks. Then up to cleanup_timeout
+    for the command's own process (it may sit in D state)."""
+    run.containment.kill(run.pid)
+    while not _command_exited(run) and _now() < endtime:
+        _wait(run, endtime)  # SIGCHLD wakes us
+
+
+def _drain(run, look, endtime):
+    """draining: SIGKILL everything in scope, round after round, until a
+    stable look finds nothing alive, within one budget; then a last SIGKILL
+    pass and the confirming look, within _FINAL_PASS_LIMIT."""
+    outcome, containment = run.outcome, run.containment
+    outcome.survivors, outcome.stable = _drain_rounds(run, look, endtime)
+    if outcome.stable and not outcome.survivors:
+        return
+    outcome.killed = True
+    final_endtime = _now() + _FINAL_PASS_LIMIT
+    containment.drain_round(_scope_now(run, look, final_endtime), final_endtime).close()
+    outcome.survivors, outcome.stable = containment.confirm(
+        _scope_now(run, look, final_endtime), final_endtime, None)
+
+
+def _drain_rounds(run, look, endtime):
+    """Drain rounds until one is confirmed, or endtime: (alive, stable) of
+    the last confirmation tried."""
+    containment, outcome = run.containment, ([], False)
+    while _now() < endtime:
+        round_ = containment.drain_round(_scope_now(run, look, endtime), endtime)
+        try:
+            if round_.clear:
+                outcome = containment.confirm(_scope_now(run, look, endtime), endtime,
+                                              round_.walk)
+                if outcome[1] and not outcome[0]:
+                    return outcome
+            _wait_for(run, round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
+        finally:
+            round_.close()
+    return outcome
+
+
+def _scope_now(run, look, endtime):
+    """What the drain covers now, asked before every round, confirmation and
+    census, as what is kept can change (docs/design.md, "The cgroup");
+    before any look (a failure of ours), all of the run."""
+    return _Scope(run.pid) if look is None else run.containment.scope_now(look, endtime)
+
+
+def _finish(run, look):
+    """done: the run is drained; now the command's zombie may go. What is
+    kept is what is alive now; then one last look, as kept services ran
+    free since the confirming one: a process one of them handed us (it
+    died) is the run's, alive. A look cut short claims nothing."""
+    _reap_command(run)
+    containment, outcome = run.containment, run.outcome
+    endtime = _now() + _FINISH_LIMIT
+    outcome.preserved = containment.preserved(look, endtime)
+    while not outcome.survivors and outcome.stable:
+        # A look disturbed (a kept service died, handing its children to a
+        # list read before) is taken again; one cut short claims nothing.
+        outcome.survivors, whole = containment.census(_scope_now(run, look, endtime), endtime)
+        if whole or outcome.survivors:
+            break
+        if _now() >= endtime:
+            outcome.stable = False
+    outcome.unattributed = [p for p in run.callers.unattributed.values() if run.fs.alive(p)]
+    if run.plan.user is not None and run.plan.user.switching:
+        outcome.foreign = _foreign_processes(run, _now() + _FINISH_LIMIT)
+    _note_survivors(run)
+
+
+def _reap_command(run):
+    """The command's zombie goes (its exec report read first), and from now
+    on the reaper may reap it."""
+    if _command_exited(run) and not run.reaped:
+        if run.report is not None:
+            run.report.read(block=True)
+        if run.report is not None and run.report.failure:
+            _note_exec_failure(run)
+        else:
+            os.waitid(os.P_PID, run.pid, os.WEXITED)
+            run.reaped = True
+    run.reaper.release_command()
+
+
+# --- The phases: done, and the account ------------------------------------------------------------
+
+
+def _foreign_processes(run, endtime):
+    """--user: live processes of that uid outside the run's tree (one scan of
+    /proc, by the owner of each entry). Another sandbox of the same uid, or a
+    process the command took over, cannot be told from the run's: they keep
+    it from being confirmed. Where ptrace is open (no Yama, or its
+    ptrace_scope 0), the command could make any of them exec its payload in
+    place, same pid and start time: every one counts. Where it is not, only
+    those started since the run began. Give each sandbox a uid of its own."""
+    uid, me = run.plan.user.uid, os.getpid()
+    scope = (run.fs.read("sys/kernel/yama/ptrace_scope") or b"0").strip()
+    started = _boot_ticks(run.fs, run.outcome.started_wall) if scope != b"0" else 0
+    found, ours = [], set()
+    for name in run.fs.listing(".") or ():
+        if _now() >= endtime:
+            run.outcome.stable = False
+            break
+        if not name.isdigit() or run.fs.owner(int(name)) != uid:
+            continue
+        proc = run.fs.stat(int(name))
+        if proc is None or not proc.live or proc.start < started:
+            continue
+        if not _descends_from(run.fs, proc, me, ours):
+            found.append(proc)
+    return found
+
+
+def _boot_ticks(fs, wall):
+    """A time.time() as /proc/PID/stat's start time counts it (clock ticks
+    since boot), one tick early: what started after the run began is later."""
+    try:
+        uptime = float((fs.read("uptime") or b"0").split()[0])
+    except (ValueError, IndexError):
+        return 0
+    booted = time.time() - uptime
+    return max(0, int((wall - booted) * os.sysconf("SC_CLK_TCK")) - 1)
+
+
+def _descends_from(fs, proc, ancestor, ours):
+    """Is proc below ancestor? By the ppid chain (the pids found ours are
+    remembered)."""
+    chain = []
+    while proc is not None and proc.pid not in ours:
+        if proc.ppid == ancestor:
+            break
+        if proc.ppid <= 1:
+            return False
+        chain.append(proc.pid)
+        proc = fs.stat(proc.ppid)
+    if proc is None:
+        return False
+    ours.update(chain)
+    return True
+
+
+def _note_survivors(run):
+    """When the run is not confirmed, `survivors` lists what is alive: the
+    look's finding, or, if that is empty (the look was cut short, or kept
+    being disturbed, or failed), a census of the run, capped, with the count
+    beside: null when the census could not see everything (it failed, or
+    ran out of time), so that [] never stands for "nothing alive" unseen."""
+    outcome, whole = run.outcome, True
+    if not outcome.survivors and not _confirmed(outcome):
+        try:
+            endtime = _now() + _CENSUS_LIMIT
+            outcome.survivors, whole = run.containment.census(
+                _scope_now(run, run.look, endtime), endtime)
+        except Exception:  # a look that failed (or what failed the run): count unknown
+            whole = False
+    outcome.survivors_count = len(outcome.survivors) if whole else None
+
+
+def _confirmed(outcome):
+    return (not outcome.survivors and outcome.stable and not outcome.failed
+            and not outcome.unattributed and not outcome.foreign)
+
+
+def _account(run):
+    """done, the driver's last phase: the run's end; the lookout reaped;
+    what the containment says (a cgroup: its usage, read before it is
+    removed); an OOM kill at the run's own --memory-max; the output's end;
+    what the run cost; what was drained; the verdict. From here on no
+    signal is taken (a flood of queued ones cannot delay the receipt):
+    they stay pending until we exit (the CLI), or are discarded when the
+    caller's handlers come back (the API)."""
+    outcome = run.outcome
+    outcome.ended_wall, outcome.ended = time.time(), _now()
+    _take_back_terminal(run)
+    if run.watch is not None:
+        run.watch.close()  # the lookout, reaped
+    try:
+        outcome.held = run.containment.finish(run.look)
+    except OSError:
+        pass  # a cgroup that cannot be read or removed: it stays, and is named
+    if outcome.stop_reason is None and run.plan.memory_max is not None and (
+            (outcome.held["usage"] or {}).get("memory_events") or {}).get("oom_kill"):
+        _decide_stop(run, "memory")  # the kernel's OOM killer ended the run at --memory-max
+    if run.output is not None:
+        outcome.output = run.output.finish()
+    run.catcher.hold()
+    outcome.pid = run.pid
+    outcome.return_code = _return_code(run.exit_info) if run.exit_info is not None else None
+    outcome.usage = _usage(outcome)
+    outcome.namespaces = _namespaces(run.fs)
+    outcome.drained = run.record.drained(outcome.survivors)
+    outcome.confirmed = _confirmed(outcome)
+    outcome.exit_status = _exit_status(outcome, run.plan)
+
+
+def _usage(outcome):
+    """What the run cost. With a cgroup, its CPU from cpu.stat (every process
+    it held, reaped or not) and memory.peak where the memory controller is
+    on; else the CPU of every process of the run that was reaped, directly or
+    below one that was (RUSAGE_CHILDREN as the subreaper sees it). Either
+    way max_rss_kib is the largest peak RSS of one reaped process (the
+    kernel keeps a maximum, not a sum), which for the command's own process
+    starts at fork_rss_kib: it begins as a copy of the supervisor, and the
+    kernel keeps that peak through its exec."""
+    usage = {"source": "rusage", "cpu_user_s": 0.0, "cpu_system_s": 0.0, "max_rss_kib": 0,
+             "memory_peak_kib": None, "fork_rss_kib": outcome.fork_rss_kib,
+             "cpu_usage_s": None, "cpu_nr_throttled": None, "cpu_throttled_s": None,
+             "memory_events": None, "pids_peak": None, "pids_events_max": None}
+    if outcome.usage_before is not None:
+        now, before = _children_usage(), outcome.usage_before
+        usage.update(cpu_user_s=now.ru_utime - before.ru_utime,
+                     cpu_system_s=now.ru_stime - before.ru_stime, max_rss_kib=now.ru_maxrss)
+    usage.update(outcome.held["usage"] or {})
+    usage["cpu_user_s"] = round(usage["cpu_user_s"], 6)
+    usage["cpu_system_s"] = round(usage["cpu_system_s"], 6)
+    return usage
+
+
+def _children_usage():
+    import resource
+    return resource.getrusage(resource.RUSAGE_CHILDREN)
+
+
+def _namespaces(fs):
+    """The PID and cgroup namespaces the receipt's pids and cgroup paths
+    belong to ({"pid": "pid:[4026531836]", "cgroup": ...}): a pid, or a
+    path, means another process, or none, in another namespace."""
+    found = {}
+    for kind in ("pid", "cgroup"):
+        try:
+            found[kind] = os.readlink("self/ns/" + kind, dir_fd=fs.fd)
+        except (OSError, TypeError):  # TypeError: /proc was never opened (no run)
+            found[kind] = None
+    return found
+
+
+def _exit_status(outcome, plan):
+    """The verdict, as timeout(1) gives it (see the module docstring)."""
+    if not outcome.confirmed:
+        return EXIT_FAILURE
+    if outcome.error_exit is not None:
+        return outcome.error_exit
+    code = outcome.return_code
+    if outcome.stop_reason in (None, "memory") or (plan.preserve_status and code is not None):
+        return code if code >= 0 else 128 - code
+    if code == -signal.SIGKILL:
+        return EXIT_KILLED  # as timeout(1): the stop had to end it with SIGKILL
+    if outcome.stop_reason in ("timeout", "stop_file", "cpu_time"):
+        return EXIT_TIMED_OUT
+    return 128 + outcome.stop_signal  # stopped by a signal
+
+
+# --- When the supervisor fails --------------------------------------------------------------------
+
+
+def _fail(run, error):
+    """The supervisor itself failed once the command had started (a bug, a
+    resource it cannot get): end what it started rather than leave it
+    unsupervised (SIGKILL the group, whose leader is still held; with a
+    cgroup, all of the run); the drain that follows is best effort, and the
+    receipt says so: not confirmed, whatever the drain saw."""
+    if isinstance(error, OSError):  # what ran out, as anywhere else (ulimit -n...)
+        error = "%s%s" % (error.filename + ": " if error.filename else "", _os_error_text(error))
+    elif not isinstance(error, SupervisorError):
+        error = "%s: %s" % (type(error).__name__, error)
+    run.outcome.failed, run.outcome.error = True, "supervisor failed: %s" % error
+    _abandon(run)
+
+
+def _drain_after_failure(run, endtime):
+    try:
+        _drain(run, run.look, endtime)
+    except Exception:
+        pass  # what failed may fail again: the receipt already says not confirmed
+
+
+def _reap_after_failure(run):
+    """The command was SIGKILLed: wait for it (within cleanup_timeout), then
+    reap it, so that an API caller is left no zombie."""
+    try:
+        endtime = _now() + run.plan.cleanup_timeout
+        while not _command_exited(run) and _now() < endtime:
+            _wait(run, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
+        _reap_command(run)
+    except Exception:
+        pass
+
+
+def _abandon(run):
+    """Kill the command's group (its leader is still held, so the id is
+    ours) and, with a cgroup, the whole run."""
+    if run.pid is not None and not run.reaped:
+        _quietly_signal(run.pid, signal.SIGKILL, group=True)
+        _quietly_signal(run.pid, signal.SIGKILL)
+        try:
+            run.containment.kill(run.pid)
+        except Exception:
+            pass  # it is what failed, perhaps
+
+
+def _release(run):
+    """Give back what the run took: terminal, fds, signals, subreaper bit.
+    Each step is best effort: the receipt no longer depends on it."""
+    steps = [lambda: _take_back_terminal(run)]
+    for part in (run.watch, run.report, run.output, run.ctrl_c, run.look, run.containment,
+                 run.budget, run.fs, run.catcher):
+        if part is not None:
+            steps.append(part.close)
+    if run.subreaper_before is False:
+        steps.append(lambda: _set_subreaper(False))
+    for step in steps:
+        try:
+            step()
+        except Exception:
+            pass
+
+
+# --- The receipt ----------------------------------------------------------------------------------
+
+
+def _receipt(plan, outcome):
+    """The receipt: the plan and the outcome, projected in schema 5's order
+    (docs/reference.md, "The receipt"). It reads, and decides nothing."""
+    user, held, ended = plan.user, outcome.held, outcome.ended
+    cleanup_s = ended - outcome.cleanup_started if outcome.cleanup_started is not None else 0.0
+    return {
+        "schema_version": RECEIPT_SCHEMA_VERSION,
+        "supervisor_version": __version__,
+        "python_version": "%d.%d.%d" % sys.version_info[:3],
+        "command": [_text(arg) for arg in plan.command],
+        "workdir": _text(plan.workdir),
+        "pid": outcome.pid,
+        "supervisor_pid": outcome.supervisor_pid,
+        "namespaces": outcome.namespaces,
+        "started_at": _iso_utc(outcome.started_wall),
+        "ended_at": _iso_utc(outcome.ended_wall),
+        "duration_s": round(ended - outcome.started, 6),
+        "timeout_s": plan.timeout,
+        "cleanup_timeout_s": plan.cleanup_timeout,
+        "policy": plan.policy,
+        "stop_signal": _signal_name(outcome.run_signal) if outcome.run_signal else None,
+        "stop_reason": outcome.stop_reason or "exit",
+        "signal": _signal_name(outcome.stop_signal) if outcome.stop_signal else None,
+        "timed_out": outcome.stop_reason == "timeout",
+        "return_code": outcome.return_code,
+        "exit_status": outcome.exit_status,
+        "cleanup_confirmed": outcome.confirmed,
+        "cleanup_s": round(cleanup_s, 6),
+        "ladder": [{"step": name, "start_s": round(begin - outcome.started, 6),
+                    "duration_s": round((end or ended) - begin, 6)}
+                   for name, begin, end in outcome.ladder],
+        "containment": held["containment"],
+        "cgroup": held["cgroup"],
+        "kept_cgroup": held["kept_cgroup"],
+        "cgroup_unavailable": outcome.cgroup_unavailable,
+        "user": {"uid": user.uid, "gid": user.gid} if user is not None else None,
+        "preserved": [_entry(p, start_time=p.start) for p in outcome.preserved],
+        "survivors": [_entry(p, ppid=p.ppid, pgid=p.pgid, sid=p.sid, state=p.state)
+                      for p in outcome.survivors[:_LIST_LIMIT]],
+        "survivors_count": outcome.survivors_count,
+        "unattributed": [_entry(p, start_time=p.start, why=why) for p, why in (
+            [(p, "a caller's job's group") for p in outcome.unattributed]
+            + [(p, "uid %d, outside the run" % user.uid) for p in outcome.foreign])[:_LIST_LIMIT]],
+        "drained": [_entry(p) for p in outcome.drained[:_LIST_LIMIT]],
+        "drained_count": len(outcome.drained),
+        "usage": outcome.usage,
+        "limits": _limits(plan, held["limits_set"]),
+        "output": outcome.output,
+        "error": _text(outcome.error) if outcome.error is not None else None,
+    }
+
+
+def _limits(plan, limits_set):
+    """The limits asked, and what the kernel set (its files, read back)."""
+    asked = dict((key, getattr(plan, key)) for key in ("memory_max", "pids_max", "max_output"))
+    asked.update(cpu_time_s=plan.cpu_time, set=limits_set or {})
+    return asked if _limits_asked(plan) or plan.max_output else None
+
+
+def _iso_utc(timestamp):
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(timestamp)) + (
+        ".%06dZ" % int(timestamp % 1 * 1e6))
+
+
+def _entry(proc, **fields):
+    """A process in the receipt: its pid and name (see _Proc), and fields."""
+    fields.update(pid=proc.pid, name=_text(proc.name))
+    return fields
+
+
+def _text(value):
+    """Valid Unicode for the receipt: bytes decoded, and the lone surrogates of
+    undecodable bytes (surrogateescape) replaced, as strict JSON readers want."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
+
+
+class _ReceiptTarget(object):
+    """Where a receipt will land, settled at the start: the deepest directory
+    of its path that exists, resolved once and held open (a directory
+    swapped later cannot move the receipt), the directories still to make
+    below it (made at the write: a refusal leaves none behind), and the
+    name. The write: a temporary file under a name nobody can guess (made
+    with O_EXCL, so a name planted there cannot be it), written, fsynced,
+    renamed over the name, the directory fsynced: a reader sees no receipt
+    or a whole one. A writer killed mid-write leaves its temporary file, a
+    hidden name that is never read as a receipt."""
+
+    def __init__(self, path):
+        self.path = _absolute(path, "--receipt")
+        directory, self.name = os.path.split(self.path)
+        self.missing = []
+        while True:
+            try:
+                self.dir_fd, self.can_sync = _open_directory(directory)
+                break
+            except FileNotFoundError as e:
+                if os.path.lexists(directory):  # a dangling symlink: never made, never followed
+                    raise _path_error(OSError(errno.ENOENT, "a dangling symlink"), directory)
+                directory, name = os.path.split(directory)
+                if name == "..":  # below a missing directory: no such path
+                    raise _path_error(e, self.path)
+                self.missing.insert(0, name)
+            except OSError as e:
+                raise _path_error(e, self.path)
+        try:
+            self.directory = os.readlink("/proc/self/fd/%d" % self.dir_fd)
+        except OSError:
+            self.directory = os.path.realpath(directory)
+        try:
+            self.remove_stale()
+            os.close(self._temporary())  # now: a directory we may not write is refused
+            _unlink_quietly(self.temporary, self.dir_fd)
+        except BaseException as e:
+            self.close()
+            raise _path_error(e, self.path) if isinstance(e, OSError) else e
+
+    def remove_stale(self):
+        """Remove an earlier receipt: from now on, no receipt at the path means
+        this run's cleanup was not confirmed. What is there and is not a
+        regular file is no receipt of ours: refused, and left alone."""
+        if self.missing:
+            return
+        try:
+            st = os.lstat(self.name, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise _path_error(e, self.path)
+        why = _not_a_receipt(st)
+        if why:
+            raise OSError(errno.EEXIST, why + ": left alone; name a regular file", self.path)
+        try:
+            os.unlink(self.name, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise _path_error(e, self.path, "cannot remove the earlier receipt")
+
+    def write(self, receipt):
+        import json  # (at the end: 2 to 7 ms that a run pays after its drain, not before)
+        data = (json.dumps(receipt, indent=2) + "\n").encode("ascii")
+        try:
+            self._make_missing()
+            fd, temporary = self._temporary(), self.temporary
+            try:
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(temporary, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            except BaseException:
+                _unlink_quietly(temporary, self.dir_fd)
+                raise
+            if self.can_sync:
+                os.fsync(self.dir_fd)
+        except OSError as e:
+            raise _path_error(e, self.path)
+
+    def _temporary(self):
+        """A new file under a name nobody can guess, beside the receipt."""
+        for _ in range(16):
+            self.temporary = ".%s.%s.tmp" % (self.name, os.urandom(8).hex())
+            try:
+                return os.open(self.temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                               | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.dir_fd)
+            except FileExistsError:
+                continue
+        raise OSError(errno.EEXIST, "no free temporary name")
+
+    def _make_missing(self):
+        """The directories of the path that were missing at the start, made
+        now below the directory held, none of them followed if a symlink."""
+        while self.missing:
+            name = self.missing[0]
+            try:
+                os.mkdir(name, 0o755, dir_fd=self.dir_fd)
+            except FileExistsError:
+                pass
+            fd = _high_fd(os.open(name, _DIR_NOFOLLOW, dir_fd=self.dir_fd))
+            os.close(self.dir_fd)
+            self.dir_fd, self.can_sync = fd, True
+            self.missing.pop(0)
+
+    def close(self):
+        if self.dir_fd is not None:
+            os.close(self.dir_fd)
+            self.dir_fd = None
+
+
+def _not_a_receipt(st):
+    """Why what is at the receipt's path (lstat st) is no receipt to replace,
+    or None: only a regular file is. A symlink there is no receipt either:
+    the rename would destroy the link (/dev/stdout, a link into /proc)."""
+    kinds = {0o100000: None, 0o040000: "a directory", 0o120000: "a symlink"}
+    why = kinds.get(st.st_mode & 0o170000, "a device, FIFO or socket")
+    return why and why + " is there"
+
+
+def _open_directory(directory):
+    """(fd, whether it can be fsynced): readable when we may, else by O_PATH,
+    which still serves every *at() call we make."""
+    flags = os.O_DIRECTORY | os.O_CLOEXEC
+    try:
+        return _high_fd(os.open(directory, os.O_RDONLY | flags)), True
+    except PermissionError:
+        return _high_fd(os.open(directory, os.O_PATH | flags)), False
+
+
+def _path_error(e, path, what=None):
+    """The OSError e, naming path (and what was being done)."""
+    reason = e.strerror or str(e)
+    return OSError(e.errno, "%s: %s" % (what, reason) if what else reason, path)
+
+
+def _unlink_quietly(name, dir_fd):
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+# --- The API --------------------------------------------------------------------------------------
+
+
+def exec_timeout(timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
+    """The bound a controller gives the exec that runs the supervisor: the
+    deadline, each bounded cleanup phase, and slack for start-up and I/O."""
+    return timeout + CLEANUP_PHASE_COUNT * cleanup_timeout + EXEC_TIMEOUT_SLACK
+
+
+def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, **options):
+    """Run command under a deadline, drain what it leaves, return the receipt.
+
+    command is an argv list of str (or bytes); timeout and cleanup_timeout
+    are seconds. The other options are keywords, as the command line's
+    (see _OPTIONS): stop_path (the stop file), workdir, user ("name",
+    "uid", "name:group"), policy (one of POLICIES), stop_signal (a name, a
+    number, or 0), receipt (a path, written as --receipt writes it),
+    containment (one of CONTAINMENTS), preserve_status, verbose; and
+    stop_with_parent, the pid of this process's parent: its death stops
+    the run as SIGTERM would. Must run in the main thread of a
+    single-threaded process on Linux; the children it already has stay its
+    own (never signalled, never reaped). Raises SupervisorError (UsageError
+    for bad arguments) before anything starts. Once the command started, a
+    receipt always comes back: a command that cannot be executed, a failure
+    of the supervisor itself (the run is then ended and drained as far as
+    it can be), or a receipt that could not be written, is in its error and
+    exit_status. The caller's signal handlers, mask and subreaper bit are
+    restored when it returns.
+    """
+    path = options.get("receipt")
+    try:
+        plan, target = _checked_plan(command, _api_values(timeout, cleanup_timeout, options))
+    except BaseException:
+        _remove_stale_at(path)
+        raise
+    run = _Run(plan)
+    try:
+        receipt = _execute(run)
+    except BaseException:
+        if target is not None:
+            target.close()
+        raise
+    finally:
+        _release(run)
+    if target is not None:
+        try:
+            target.write(receipt)
+        except OSError as e:
+            receipt["exit_status"] = EXIT_FAILURE
+            receipt["error"] = _text("%s--receipt: cannot write %s: %s" % (
+                receipt["error"] + "; " if receipt["error"] else "", e.filename, e.strerror))
+        finally:
+            target.close()
+    return receipt
+
+
+def _api_values(timeout, cleanup_timeout, options):
+    """The API's options, checked, with the defaults of the rest."""
+    values = {}
+    for flags, keyword, kind, default, api, _ in _OPTIONS:
+        if api:
+            values.setdefault(keyword, default)
+    for keyword in options:
+        if keyword not in values:
+            raise UsageError("supervise() has no option %r" % keyword)
+    values.update(options, timeout=timeout, cleanup_timeout=cleanup_timeout)
+    kinds = dict((row[1], row[2]) for row in _OPTIONS)
+    return dict((keyword, _checked(kinds[keyword], value, keyword))
+                for keyword, value in values.items())
+
+
+def write_receipt(receipt, path):
+    """Write receipt to path atomically (see _ReceiptTarget), creating missing
+    directories; what is at path must be a regular file (replaced) or
+    nothing. Errors are OSErrors that name path."""
+    target = _ReceiptTarget(path)
+    try:
+        target.write(receipt)
+    finally:
+        target.close()
+
+
+def parse_duration(text, option="--timeout"):
+    """Seconds from '90', '1.5', '10m', '2h', '1d', as timeout(1) reads them:
+    ASCII digits, an optional fraction and exponent, leading white space.
+    Refuses zero, negatives, nan, inf and other text; clamps to the largest
+    time_t."""
+    number, unit = text.lstrip(" \t\n\v\f\r"), 1
+    if number[-1:] in _DURATION_UNITS:
+        number, unit = number[:-1], _DURATION_UNITS[number[-1]]
+    value = None
+    if number and all(c in "0123456789.eE+-" for c in number):
+        try:
+            value = float(number)
+        except ValueError:
+            pass
+    # A number too large or too small to represent (1e400, 1e-10000): as
+    # timeout(1), the largest time_t, or a nanosecond, unless it is zero.
+    if value in (0, float("inf")) and not number.startswith("-") and any(
+            c in "123456789" for c in number.lower().partition("e")[0]):
+        value = _MAX_DURATION if value else 1e-9
+    if value is None or not 0 < value < float("inf"):
+        raise UsageError("%s: %r is not a positive duration (seconds, or a number "
+                         "with s, m, h or d: 90, 1.5, 10m)" % (option, text))
+    return min(value * unit, _MAX_DURATION)
+
+
+# --- The owner's teardown: --end-kept -------------------------------------------------------------
 
 
 def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
@@ -4453,10 +4529,10 @@ def _end_kept_trees(fs, roots, endtime):
     callers, record = _CallersJobs(), _Record(fs)
     walker = _Walker(fs, children, callers, _Reaper(children, callers), _FdBudget(fs), record,
                      roots=roots)
-    record.on, lost = True, False
+    lost = False
     while True:
         before = [pid for pid, pin in roots.items() if not _readable(pin.fd)]
-        round_ = walker.kill_round(endtime)
+        round_ = walker.kill_round(_Scope(None), endtime)
         try:
             gone = _wait_for(None, round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
             gone = gone and round_.walk.stable and len(round_.walk.pins) == len(round_.walk.found)
@@ -4515,7 +4591,61 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
                 each.close()
 
 
-# --- The command line ------------------------------------------------------------------------
+# --- The command line -----------------------------------------------------------------------------
+
+
+# Every option, once, for the API, the command line and --help: its flags,
+# the API's keyword, its kind (a policy flag: the policy it sets is its
+# default), its default, whether the API takes it, and its help ("METAVAR
+# text" when it takes a value).
+_OPTIONS = (
+    (("--timeout",), "timeout", "duration", None, True,
+     "DURATION the deadline, from COMMAND's start (required): 90, 1.5, 10m, 2h, 1d"),
+    (("-k", "--kill-after", "--cleanup-timeout"), "cleanup_timeout", "duration",
+     DEFAULT_CLEANUP_TIMEOUT, True, "DURATION bound of EACH of the three cleanup phases: grace, "
+     "kill, drain (10)"),
+    (("-s", "--signal"), "stop_signal", "signal", "TERM", True,
+     "SIG the first signal of a stop (TERM; 0: none, the grace, then SIGKILL)"),
+    (("--stop-file",), "stop_path", "path", None, True,
+     "PATH if anything is there, COMMAND never starts; else the run stops then"),
+    (("--receipt",), "receipt", "path", None, True, "PATH the receipt, outside the workdir (an "
+     "earlier one there is removed)"),
+    (("--workdir",), "workdir", "path", None, True,
+     "DIR COMMAND's current directory (default: this one; from /, no workdir)"),
+    (("--user",), "user", "text", None, True,
+     "USER[:GROUP] run COMMAND as that user: it cannot touch the supervisor or receipt"),
+    (("--memory-max",), "memory_max", "size", None, True, "SIZE all the run's memory, swap "
+     "included (512M, 2G), or it is killed"),
+    (("--pids-max",), "pids_max", "count", None, True,
+     "N at most N processes and threads in the run at once (a fork past it fails)"),
+    (("--cpu-time",), "cpu_time", "seconds", None, True,
+     "DURATION CPU time of the whole run; spent, the run stops as at the deadline"),
+    (("--output",), "output", "path", None, True,
+     "FILE COMMAND's stdout and stderr go to FILE (made anew)"),
+    (("--max-output",), "max_output", "size", None, True, "SIZE at most SIZE bytes in FILE: "
+     "the head and the tail (with --output)"),
+    (("--containment",), "containment", CONTAINMENTS, "auto", True,
+     "auto|cgroup|proc a cgroup of its own where one can be made, or insist, or none"),
+    (("--drain-all",), "policy", POLICIES, "drain-all", True,
+     "the default: drain every process of the run"),
+    (("--preserve-descendants-on-success",), "policy", POLICIES,
+     "preserve-descendants-on-success", True, "after a natural exit 0, keep every process "
+     "of the run; else drain all"),
+    (("--keep-services",), "policy", POLICIES, "keep-services", True, "keep what COMMAND "
+     "detached (at an exit: all outside its group)"),
+    (("--preserve-status",), "preserve_status", "flag", False, True,
+     "exit with COMMAND's status even when the run was stopped (125 still wins)"),
+    (("-v", "--verbose"), "verbose", "flag", False, True,
+     "say on stderr when it starts and stops, what it drained and kept"),
+    (("--summary",), "summary", "path", None, False, "PATH also a summary, 4 KiB at most, "
+     "written in place (/dev/termination-log)"),
+    (("--new-session",), "new_session", "flag", False, False, "leave the caller's session: "
+     "a kill of its group cannot stop the drain"),
+    (("--end-kept",), "end_kept", "path", None, False, "RECEIPT end what that receipt "
+     "kept, within -k; exit 0 when all is gone"),
+    ((), "stop_with_parent", "pid", None, True, None),
+)
+
 
 _USAGE = """\
 usage: %(prog)s --timeout DURATION [OPTIONS] -- COMMAND [ARG...]
@@ -4544,10 +4674,13 @@ or cleanup not confirmed; 126 cannot execute; 127 not found; 128+N signal N;
 137 a stop had to SIGKILL COMMAND. Every option, signal and key:
 docs/reference.md.
 """
+
+
 # timeout(1)'s options that have no honest meaning here: refused, saying why.
 _REFUSED = {"--foreground": "--foreground is not supported: the command gets the terminal "
             "whenever the supervisor is in the terminal's foreground, and a stop ends every "
             "process of the run, its children too; drop the option"}
+
 _REFUSED["-f"] = _REFUSED["--foreground"]
 
 
@@ -4731,7 +4864,7 @@ def main(argv=None):
         _complain(receipt["error"])
     if lost is not None:
         _complain("--receipt: cannot write %s: %s" % (lost.filename, _os_error_text(lost)))
-    if not receipt["cleanup_confirmed"] and not run.failed:
+    if not receipt["cleanup_confirmed"] and not run.outcome.failed:
         _complain(_unconfirmed_message(receipt))
     if (receipt["output"] or {}).get("error"):
         _complain("--output: cannot keep the output: %s" % receipt["output"]["error"])
@@ -4803,7 +4936,7 @@ def _outcome(run, receipt, status):
             receipt["stop_reason"] if receipt["signal"] is None else receipt["signal"], status,
             receipt["duration_s"], receipt["cleanup_s"], receipt["drained_count"],
             some(receipt["drained"], receipt["drained_count"]),
-            " (SIGKILL was needed)" if run.killed else "", len(receipt["preserved"]),
+            " (SIGKILL was needed)" if run.outcome.killed else "", len(receipt["preserved"]),
             some(receipt["preserved"], len(receipt["preserved"])),
             "confirmed" if receipt["cleanup_confirmed"] else "NOT confirmed",
             "".join("; " + hit for hit in _limits_hit(receipt)))
@@ -4850,8 +4983,6 @@ def _exit(status):
         except (AttributeError, OSError, ValueError):
             pass  # closed, or None when the fd was closed at start
     os._exit(status)
-
-
 
 
 if __name__ == "__main__":

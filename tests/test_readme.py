@@ -1,9 +1,10 @@
-"""Every example in the README runs as written: each `sh` or `python` block
-is marked, above its fence, either `<!-- example -->` (run alone),
-`<!-- example: NAME -->` (run with the other blocks of that name, in order,
-in one directory) or `<!-- not run: why -->`; an unmarked one fails this
-test. Each runs in a directory of its own holding a copy of supervisor.py,
-as a user who has just copied the file would run it."""
+"""Every example in the README and in docs/recipes.md runs as written: each
+`sh` or `python` block is marked, above its fence, either `<!-- example -->`
+(run alone), `<!-- example: NAME -->` (run with the other blocks of that
+name in the same file, in order, in one directory) or `<!-- not run: why -->`;
+an unmarked one fails this test. Each runs in a directory of its own holding
+a copy of supervisor.py, as a user who has just copied the file would run
+it."""
 import os
 import re
 import shutil
@@ -13,7 +14,9 @@ import pytest
 
 from conftest import PY, ROOT, SUPERVISOR, run, wait_until
 
-README = os.path.join(ROOT, "README.md")
+# The files whose examples run, by their path in the checkout: a group's name
+# starts with it, so the names of two files cannot collide.
+DOCUMENTS = ("README.md", "docs/recipes.md")
 BLOCK = re.compile(r"(?:<!-- (example(?:: [\w-]+)?|not run: [^>]*) -->\n)?```(\w*)\n(.*?)```",
                    re.S)
 # Paths the controller's example uses as a sandbox's would: cleared around it.
@@ -21,19 +24,21 @@ FIXED_PATHS = ("/tmp/session", "/tmp/process_supervisor.py")
 
 
 def examples():
-    """{name: [(language, code)]}, in the README's order; a block run alone
-    gets a name of its own."""
-    with open(README) as f:
-        text = f.read()
+    """{name: [(language, code)]}, in each file's order; a block run alone
+    gets a name of its own. A name is "FILE:NAME" (FILE:block-N for a block
+    run alone, N its place in FILE)."""
     groups, unmarked = {}, []
-    for number, (marker, language, code) in enumerate(BLOCK.findall(text)):
-        if language not in ("sh", "python"):
-            continue
-        if not marker:
-            unmarked.append(code.splitlines()[0])
-        elif marker.startswith("example"):
-            name = marker.partition(": ")[2] or "block-%d" % number
-            groups.setdefault(name, []).append((language, code))
+    for document in DOCUMENTS:
+        with open(os.path.join(ROOT, document)) as f:
+            text = f.read()
+        for number, (marker, language, code) in enumerate(BLOCK.findall(text)):
+            if language not in ("sh", "python"):
+                continue
+            if not marker:
+                unmarked.append("%s: %s" % (document, code.splitlines()[0]))
+            elif marker.startswith("example"):
+                name = marker.partition(": ")[2] or "block-%d" % number
+                groups.setdefault("%s:%s" % (document, name), []).append((language, code))
     return groups, unmarked
 
 
@@ -63,8 +68,10 @@ CLAIMS = [
 
 
 def test_every_example_is_marked():
-    assert UNMARKED == [], "README blocks with no <!-- example --> or <!-- not run -->"
-    assert len(GROUPS) >= 5
+    assert UNMARKED == [], "blocks with no <!-- example --> or <!-- not run -->"
+    for document in DOCUMENTS:  # each file has examples that run
+        assert any(name.startswith(document + ":") for name in GROUPS), document
+    assert len([name for name in GROUPS if name.startswith("README.md:")]) >= 5
     every_code = "".join(code for blocks in GROUPS.values() for _, code in blocks)
     assert all(line in every_code for line, _ in CLAIMS)  # no claim checks nothing
 
