@@ -6,13 +6,10 @@
 
 COMMAND runs in a process group of its own, in a cgroup of its own where one
 can be made, below this process as a child subreaper, so that every process
-of the run descends from it. A run goes through the states
-
-    starting -> running -> terminating -> killing -> draining -> done
-
-(a natural exit skips killing). It ends when COMMAND exits by itself, the
-deadline passes, the stop file appears or a stop signal arrives: then what is
-left is stopped (the stop signal, a grace, SIGKILL) and drained. What is
+of the run descends from it. The run ends when COMMAND exits by itself, the
+deadline passes, the stop file appears, its CPU time is spent or a stop
+signal arrives: then what is left is stopped (the stop signal, a grace,
+SIGKILL) and drained; the states it goes through are _drive()'s. What is
 kept: nothing by default; with --preserve-descendants-on-success everything,
 after an exit 0 that nothing stopped; with --keep-services the services
 detached before a stop. The receipt, a JSON file, says what happened and
@@ -32,20 +29,33 @@ effects: supervise() is the API, main() the command line. Why a confirmation
 can be trusted is argued once, in docs/design.md ("Why a confirmation can be
 trusted"); the code points there.
 
-The file, top to bottom (section: its entry points):
-    constants, errors     RECEIPT_SCHEMA_VERSION, POLICIES, SupervisorError, CleanupReceipt
-    Linux primitives      prctl, pidfds, openat2, _wait_ready (the one wait), _signalfd
-    /proc                 _ProcFS: opened once, read without crossing a mount
-    beside the containment  _Children, _CallersJobs, _Reaper, _FdBudget, _Record, waiters
-    the walk              _Walker.walk, .kill_round, .confirm: the run's tree from us down
-    the containment       the seam, two implementations: _ProcContainment, _CgroupContainment
-    signals, stop file    _SignalCatcher (a signalfd), _StopFileWatch (inotify + a check)
-    --user                _User, _check_user_may_not_replace
-    the run               _Plan, _Run, _enter (the state), _wait, _SIGNAL_ACTIONS
-    the phases            _prepare, _drive (the driver), _start_command, _Output, _drain, _finish
-    the receipt           _build_receipt, _ReceiptTarget
-    the API               supervise, exec_timeout, write_receipt, end_kept, parse_duration
-    the command line      _OPTIONS (the one table of options), _parse_args, main
+The file, top to bottom: each section (its banner, `# --- TITLE ---`) and
+its entry points, in the order they stand (tests/test_docs.py checks it):
+
+    Constants                        RECEIPT_SCHEMA_VERSION, POLICIES, CONTAINMENTS, STATES
+    Errors and the receipt type      SupervisorError, UsageError, ObservationError, __getattr__
+    Linux primitives                 _libc, _pidfd_open, _openat2, _wait_ready, _signalfd
+    /proc                            _Proc, _ProcFS (opened once, read without crossing a mount)
+    Beside the containment           _Children, _CallersJobs, _Reaper, _FdBudget, _Record
+    Waiting for processes to go      _Pin, _PinWaiter, _EventWaiter, _Pause, _Round
+    The walk: the run's tree         _Scope, _Walk, _Walker (from us down, each pid proven)
+    The seam, and the walk alone     _Look, _ProcContainment
+    The containment by a cgroup      _Cgroup, _find_cgroup_home, _cgroup_for_run, _CgroupContainment
+    Signals and the stop file        _SignalCatcher (a signalfd), _StopFileWatch, _lookout
+    --user                           _User, _check_user_may_not_replace
+    The plan and its checks          _Plan, _checked, _checked_plan, _parse_size, _parse_signal
+    The run and its outcome          _Outcome, _Run, _enter (the state), _wait, _SIGNAL_ACTIONS
+    Job control                      _CtrlC, _suspend
+    The exec report and the output   _ExecReport, _Output
+    The phases: starting, running    _execute, _drive (the driver), _prepare, _decide_stop,
+                                     _start_command, _run_until_stop
+    The phases: the stop, the drain  _keep_what, _stop_and_wait, _drain, _scope_now
+    The phases: done, the account    _finish, _note_survivors, _account
+    When the supervisor fails        _fail, _abandon, _release
+    The receipt                      _receipt (the projection), _ReceiptTarget
+    The API                          exec_timeout, supervise, write_receipt, parse_duration
+    The owner's teardown             end_kept, _end_kept_trees, _end_kept_cgroups
+    The command line                 _OPTIONS (the one table of options), _parse_args, main
 """
 import errno
 import os
@@ -65,7 +75,7 @@ __all__ = [
     "SupervisorError", "UsageError", "end_kept", "exec_timeout", "main", "parse_duration",
     "supervise", "write_receipt"]
 
-# --- Constants -----------------------------------------------------------------
+# --- Constants ------------------------------------------------------------------------------------
 
 # A forced stop has three bounded phases: the grace after the stop signal, the
 # command's own process after SIGKILL, and the drain of the whole run.
@@ -238,7 +248,7 @@ _IN_ONLYDIR = 0x01000000
 _DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-# --- Errors and the receipt type --------------------------------------------------
+# --- Errors and the receipt type ------------------------------------------------------------------
 
 class SupervisorError(Exception):
     """The supervisor cannot do its job here; the CLI exits 125."""
@@ -280,7 +290,7 @@ if sys.version_info < (3, 7):  # no module __getattr__ on 3.6
     CleanupReceipt = dict
 
 
-# --- Linux primitives ---------------------------------------------------------------
+# --- Linux primitives -----------------------------------------------------------------------------
 
 class _Libc(object):
     """libc through ctypes, loaded on first use (ctypes costs ms to import)."""
@@ -551,7 +561,7 @@ class _HoldsFd(object):
             self.fd = None
 
 
-# --- /proc ------------------------------------------------------------------------------
+# --- /proc ----------------------------------------------------------------------------------------
 
 class _Proc(object):
     """A process as one read of /proc/PID/stat showed it. Its `name` there
@@ -752,7 +762,7 @@ class _ProcFS(_HoldsFd):
         return now is not None and now.live and now.start == proc.start
 
 
-# --- Beside the containment: our children, the caller's jobs, descriptors, the record ---
+# --- Beside the containment -----------------------------------------------------------------------
 
 class _Children(object):
     """Our own children, as the kernel lists them in the children files of
@@ -1000,7 +1010,7 @@ class _Record(object):
                 if identity not in left and (identity in self.gone or not self.fs.alive(proc))]
 
 
-# --- Waiting for processes to go ------------------------------------------------------------
+# --- Waiting for processes to go ------------------------------------------------------------------
 
 class _Pin(_HoldsFd):
     """A process held for signalling or waiting: by its pidfd where the kernel
@@ -1123,7 +1133,7 @@ class _Round(object):
         self.waiter.close()
 
 
-# --- The walk: the run's tree, from us down ---------------------------------------------------
+# --- The walk: the run's tree ---------------------------------------------------------------------
 
 def _signal_group(fs, pid, sig):
     """Signal the command's group, and the command itself if it left the
@@ -1430,7 +1440,7 @@ class _Walker(object):
                         return
                     each(pid)
 
-# --- The containment: the seam, and the run held by the walk alone ---------------------------
+# --- The seam, and the walk alone -----------------------------------------------------------------
 
 class _Look(object):
     """What a look found and took, which the driver passes to the verbs
@@ -1542,7 +1552,7 @@ class _ProcContainment(object):
         """Nothing of its own: the look's pins are the look's."""
 
 
-# --- The containment by a cgroup of the run's own ------------------------------------------------
+# --- The containment by a cgroup ------------------------------------------------------------------
 
 class _Cgroup(object):
     """One cgroup v2 directory, held open from the moment it is made: its
@@ -2215,7 +2225,7 @@ def _cgroup_counters(cgroup, name):
         return None
 
 
-# --- Signals and the stop file ---------------------------------------------------------
+# --- Signals and the stop file --------------------------------------------------------------------
 
 class _SignalCatcher(object):
     """This run's signals, blocked and read from a signalfd: the kernel
@@ -2478,7 +2488,7 @@ def _lookout(path):
         pass
 
 
-# --- Running the command as another user ------------------------------------------------
+# --- --user ---------------------------------------------------------------------------------------
 
 class _User(object):
     """--user USER[:GROUP], resolved: uid and gid (by default the user's
@@ -2884,7 +2894,7 @@ def _parse_signal(text, option="--signal"):
     return number
 
 
-# --- The run: its outcome, its state, its one wait, what signals do -------------------------------
+# --- The run and its outcome ----------------------------------------------------------------------
 
 
 class _Outcome(object):
@@ -3088,7 +3098,7 @@ def _command_exited(run):
     return run.exit_info is not None
 
 
-# --- Job control: the terminal, Ctrl-Z, forwarded signals -----------------------------------------
+# --- Job control ----------------------------------------------------------------------------------
 
 
 class _CtrlC(_HoldsFd):
@@ -3207,7 +3217,7 @@ def _check_job_control(run):
         _suspend(run)
 
 
-# --- What the command is given: its exec report, its output ---------------------------------------
+# --- The exec report and the output ---------------------------------------------------------------
 
 
 class _ExecReport(_HoldsFd):
@@ -3348,7 +3358,7 @@ def _write_all(fd, data, at=None):
         data, at = data[done:], None if at is None else at + done
 
 
-# --- The phases: the driver, starting and running -------------------------------------------------
+# --- The phases: starting, running ----------------------------------------------------------------
 
 
 def _execute(run):
@@ -3753,6 +3763,8 @@ def _first_signal(run):
         "no signal first (-s 0): the grace, then SIGKILL"
 
 
+# --- The phases: the stop, the drain --------------------------------------------------------------
+
 def _keep_what(run):
     """What the policy keeps out of the drain, for this ending.
     drain-all: nothing. keep-services: at a forced stop the detached
@@ -3840,6 +3852,8 @@ def _scope_now(run, look, endtime):
     return _Scope(run.pid) if look is None else run.containment.scope_now(look, endtime)
 
 
+# --- The phases: done, the account ----------------------------------------------------------------
+
 def _finish(run, look):
     """done: the run is drained; now the command's zombie may go. What is
     kept is what is alive now; then one last look, as kept services ran
@@ -3875,9 +3889,6 @@ def _reap_command(run):
             os.waitid(os.P_PID, run.pid, os.WEXITED)
             run.reaped = True
     run.reaper.release_command()
-
-
-# --- The phases: done, and the account ------------------------------------------------------------
 
 
 def _foreign_processes(run, endtime):
@@ -4446,7 +4457,7 @@ def parse_duration(text, option="--timeout"):
     return min(value * unit, _MAX_DURATION)
 
 
-# --- The owner's teardown: --end-kept -------------------------------------------------------------
+# --- The owner's teardown -------------------------------------------------------------------------
 
 
 def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
@@ -4680,7 +4691,6 @@ docs/reference.md.
 _REFUSED = {"--foreground": "--foreground is not supported: the command gets the terminal "
             "whenever the supervisor is in the terminal's foreground, and a stop ends every "
             "process of the run, its children too; drop the option"}
-
 _REFUSED["-f"] = _REFUSED["--foreground"]
 
 

@@ -76,3 +76,57 @@ def test_every_relative_link_leads_somewhere(path):
         elif anchor and destination.endswith(".md") and anchor not in anchors(destination):
             broken.append("%s: no heading %r in %s" % (target, anchor, destination))
     assert broken == [], "%s: broken links:\n%s" % (path, "\n".join(broken))
+
+
+# --- The map at the top of supervisor.py ---------------------------------------------------------
+
+def index_rows():
+    """[(section title, [names])] from the module docstring's index: a row
+    is a title, two spaces or more, then names separated by commas (a
+    parenthesised note after a name is prose); a row that starts with
+    spaces only continues the one above."""
+    import ast
+    with open(os.path.join(ROOT, "supervisor.py")) as f:
+        doc = ast.get_docstring(ast.parse(f.read()))
+    block = doc.split("The file, top to bottom", 1)[1].split("\n\n", 2)[1]
+    rows = []
+    for line in block.splitlines():
+        title, names = (re.split(r"\s{2,}", line.strip(), 1) + [""])[:2] if not line.startswith(
+            " " * 10) else ("", line.strip())
+        names = [name.strip() for name in re.sub(r"\([^)]*\)", "", names).split(",")
+                 if name.strip()]
+        if title:
+            rows.append((title, names))
+        else:
+            rows[-1][1].extend(names)
+    return rows
+
+
+def sections():
+    """[(banner title, [top-level names defined below it])], in file order."""
+    import ast
+    with open(os.path.join(ROOT, "supervisor.py")) as f:
+        source = f.read()
+    banners = [(m.start(), m.group(1)) for m in re.finditer(r"^# --- (.*?) -+$", source, re.M)]
+    found = [(title, []) for _, title in banners]
+    starts = [source[:offset].count("\n") + 1 for offset, _ in banners]
+    for node in ast.parse(source).body:
+        names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else [
+            t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+        below = [i for i, line in enumerate(starts) if line < node.lineno]
+        if below:
+            found[below[-1]][1].extend(names)
+    return found
+
+
+def test_the_index_names_every_section_and_its_entry_points_in_file_order():
+    rows, banners = index_rows(), sections()
+    assert [title for title, _ in rows] == [title for title, _ in banners]
+    assert all(named for _, named in rows), "a section of the index names no entry point"
+    for (title, named), (_, defined) in zip(rows, banners):
+        missing = [name for name in named if name not in defined]
+        assert missing == [], "the index names %s under %r, which does not define them" % (
+            missing, title)
+        where = [defined.index(name) for name in named]
+        assert where == sorted(where), "the index lists %r out of the file's order: %s" % (
+            title, named)
