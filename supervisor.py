@@ -311,6 +311,9 @@ class _Libc(object):
 _LIBC = []
 # What messages start with: the installed command's name, or this file's.
 _PROG = "treereap" if __name__ == "treereap" else os.path.basename(__file__)
+# The sha256 of the supervisor.py a treereap.pyz was built from, which its
+# __main__.py sets (scripts/build_pyz.py): --version shows it.
+_BUILT_FROM = None
 
 
 def _libc():
@@ -1041,9 +1044,10 @@ def _close_pins(pins):
         pin.close()
 
 
-def _closed(pin):  # -> None
-    if pin is not None:
-        pin.close()
+def _closed(holder):
+    """Close what holds a descriptor, if there is one; None (a `return` value)."""
+    if holder is not None:
+        holder.close()
 
 
 class _PinWaiter(object):
@@ -1456,8 +1460,7 @@ class _Look(object):
 
     def close(self):
         _close_pins(self.pins)
-        if self.kept_cgroup is not None:
-            self.kept_cgroup.close()
+        _closed(self.kept_cgroup)
 
 
 class _ProcContainment(object):
@@ -1868,8 +1871,7 @@ def _cgroup_for_run(fs, plan):
         if cgroup is not None:
             home.remove_child(cgroup)
         for each in (cgroup, own, home):
-            if each is not None:
-                each.close()
+            _closed(each)
         if isinstance(e, SupervisorError):
             raise
         raise _cgroup_error(e, "cannot make a cgroup in %s" % home.shown if cgroup is None else
@@ -2692,8 +2694,7 @@ def _checked_plan(command, values):
                 _check_user_may_not_replace(plan.user, target)
         _check_stop_file(plan.stop_path, target)
     except BaseException:
-        if target is not None:
-            target.close()
+        _closed(target)
         raise
     return plan, target
 
@@ -3344,8 +3345,7 @@ class _Output(object):
         for fd in set((self.fd, self.for_command, self.file)) - set([None]):
             os.close(fd)
         self.fd = self.for_command = self.file = None
-        if self.ring is not None:
-            self.ring.close()
+        _closed(self.ring)
 
 
 def _write_all(fd, data, at=None):
@@ -3978,8 +3978,7 @@ def _account(run):
     outcome = run.outcome
     outcome.ended_wall, outcome.ended = time.time(), _now()
     _take_back_terminal(run)
-    if run.watch is not None:
-        run.watch.close()  # the lookout, reaped
+    _closed(run.watch)  # the lookout, reaped
     try:
         outcome.held = run.containment.finish(run.look)
     except OSError:
@@ -4389,8 +4388,7 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, **optio
     try:
         receipt = _execute(run)
     except BaseException:
-        if target is not None:
-            target.close()
+        _closed(target)
         raise
     finally:
         _release(run)
@@ -4598,8 +4596,7 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
         return False, 0, "kept_cgroup %s: %s" % (path, getattr(e, "strerror", None) or e)
     finally:
         for each in (cgroup, home):
-            if each is not None:
-                each.close()
+            _closed(each)
 
 
 # --- The command line -----------------------------------------------------------------------------
@@ -4846,7 +4843,9 @@ def main(argv=None):
     try:
         show, values, command = _parse_args(argv)
         if show is not None:
-            _print(_help() if show == "help" else "%s %s\n" % (_PROG, __version__))
+            _print(_help() if show == "help" else "%s %s%s\n" % (_PROG, __version__, (
+                " (treereap.pyz, built from supervisor.py sha256 %s)" % _BUILT_FROM) * bool(
+                    _BUILT_FROM)))
             return 0
         _require_linux()
         new_session, kept = values.pop("new_session"), values.pop("end_kept")
@@ -4893,8 +4892,7 @@ def _refuse(message, target, argv):
     """One line on stderr, exit 125, and no receipt at the path: not an
     earlier run's (the path is found in argv even when parsing failed), and
     not a partial one."""
-    if target is not None:
-        target.close()
+    _closed(target)
     left = _remove_stale_at(_path_in(argv))
     if left and not message.startswith("--receipt"):
         message += "; " + left
