@@ -309,8 +309,9 @@ class _Libc(object):
 
 
 _LIBC = []
-# What messages start with: the installed command's name, or this file's.
-_PROG = "treereap" if __name__ == "treereap" else os.path.basename(__file__)
+# What messages, --help and --version call the program, however it was
+# started (supervisor.py, python -m treereap, the console script, a pyz).
+_PROG = "treereap"
 # The sha256 of the supervisor.py a treereap.pyz was built from, which its
 # __main__.py sets (scripts/build_pyz.py): --version shows it.
 _BUILT_FROM = None

@@ -110,7 +110,7 @@ def test_end_kept_ends_what_a_receipt_kept_and_leaves_a_reused_pid_alone(paths, 
         forged.write_text(json.dumps(receipt))
         result = run_supervisor("--end-kept", forged, "-k", "5")
         assert result.returncode == 125, result.stderr
-        assert result.stderr.startswith("supervisor.py: NOT all gone: ended 2 process(es)")
+        assert result.stderr.startswith("treereap: NOT all gone: ended 2 process(es)")
         assert "left alone: %d" % bystander.pid in result.stderr
         assert not alive(service) and not alive(child)
         assert bystander.poll() is None

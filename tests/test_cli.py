@@ -36,7 +36,7 @@ def refused(sandbox, args, python=PY, must_name=None):
     result = run_supervisor(*args, python=python)
     assert result.returncode == 125, (args, result.stderr)
     lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("supervisor.py: "), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("treereap: "), result.stderr
     if must_name:
         assert must_name in lines[0], lines[0]
     assert result.stdout == ""
@@ -143,7 +143,7 @@ def test_verbose_says_when_it_starts_what_it_drained_and_how_long(sandbox):
                             "sh", "-c", "sleep 30 & exec sleep 30")
     assert result.returncode == 124
     first, *_, last = result.stderr.splitlines()
-    assert first.startswith("supervisor.py: started: pid ") and "deadline 0.5s" in first
+    assert first.startswith("treereap: started: pid ") and "deadline 0.5s" in first
     assert " in the cgroup " in first or " in the /proc walk" in first
     assert "exit status 124 in " in last and "(cleanup " in last
     assert "2 drained (" in last and " sleep, " in last, last
@@ -284,6 +284,6 @@ def test_help_with_stdout_closed_still_exits_0():
 def test_version():
     result = run_supervisor("--version")
     assert result.returncode == 0
-    assert result.stdout == "supervisor.py %s\n" % supervisor.__version__
+    assert result.stdout == "treereap %s\n" % supervisor.__version__
 
 

@@ -164,12 +164,12 @@ def test_verbose_says_when_the_run_is_stopped_and_how_it_ended(paths):
     try:
         assert status == 124
         started, *lines = err.splitlines()
-        assert started.startswith("supervisor.py: started: pid %d, in " % receipt["pid"])
+        assert started.startswith("treereap: started: pid %d, in " % receipt["pid"])
         # A line when the grace runs out (SIGKILL needed): a loaded machine may get there.
         assert len(lines) == 2 or (len(lines) == 3 and "SIGKILL" in lines[1]), err
-        assert lines[0].startswith("supervisor.py: stopping the run: the stop file")
+        assert lines[0].startswith("treereap: stopping the run: the stop file")
         assert "SIGTERM to the run" in lines[0]
-        assert lines[-1].startswith("supervisor.py: done: stop_file, exit status 124")
+        assert lines[-1].startswith("treereap: done: stop_file, exit status 124")
         assert "%d drained" % receipt["drained_count"] in lines[-1]
         assert "1 kept (%d sleep)" % kept in lines[-1] and "cleanup confirmed" in lines[-1]
     finally:

@@ -279,7 +279,7 @@ def test_an_oom_of_a_nested_run_is_not_ours_to_report(paths):
     receipt = receipt_of(result, paths)
     assert result.returncode == 137 and receipt["stop_reason"] == "exit", result.stderr
     assert receipt["limits"] is None and "--memory-max reached" not in result.stderr
-    assert result.stderr.splitlines()[-1].startswith("supervisor.py: done: exit")
+    assert result.stderr.splitlines()[-1].startswith("treereap: done: exit")
 
 
 @in_guest

@@ -317,7 +317,7 @@ def test_a_full_stderr_never_holds_the_receipt_back(paths):
         assert receipt["stop_reason"] == "stop_file" and receipt["cleanup_confirmed"] is True
     finally:
         _, err = proc.communicate(timeout=120)
-    if err.startswith(b"supervisor.py: started: "):  # (-v's first line, if stderr took it)
+    if err.startswith(b"treereap: started: "):  # (-v's first line, if stderr took it)
         err = err.split(b"\n", 1)[1]
     assert proc.returncode == 124 and err.startswith(b"x" * 1000)
 
@@ -576,7 +576,7 @@ def test_a_deleted_current_directory_is_refused_and_leaves_no_directories(paths,
 
 
 def test_a_newline_in_a_path_cannot_add_a_line_to_the_message(paths, tmp_path):
-    evil = tmp_path / "x\nsupervisor.py: cleanup confirmed"
+    evil = tmp_path / "x\ntreereap: cleanup confirmed"
     result = run_supervisor("--timeout", 5, "--receipt", paths.receipt, "--workdir", evil,
                             "--", "true")
     assert result.returncode == 125
