@@ -154,13 +154,15 @@ _STOP_FILE_ANSWER = 5.0
 # cgroup.freeze takes effect when every task has stopped in the kernel; a
 # task in D state delays it: the look waits this long at most, then goes on.
 _FREEZE_LIMIT = 0.5
-# A cgroup's maker flocks it right after mkdir; an unlocked one younger than
-# this may be a maker's that did not get that far yet (starved): left alone.
+# A cgroup's maker flocks it right after mkdir, and marks it soon after; an
+# unlocked one without a mark, younger than this, may be a maker's that did
+# not get that far yet (starved): left alone.
 _LEFTOVER_MIN_AGE = 60.0
 # --summary: at most this much, as a Kubernetes termination message.
 _SUMMARY_LIMIT = 4096
-# The run's cgroup is marked "run" (an xattr): one left by a dead supervisor
-# is ended by the next one; "kept" when its policy kept all of it.
+# The cgroups a supervisor makes are marked (an extended attribute, which
+# only CAP_SYS_ADMIN may write): "run" (one left by a dead supervisor is ended
+# by the next one) or "kept", then who made it (see _maker, _maker_alive).
 _RUN_MARK = "trusted.treereap"
 # Waiting for a process the kernel cannot wake us for (no pidfd): 1 ms doubling.
 _EXIT_POLL_FIRST, _EXIT_POLL_MAX = 0.001, 0.1
@@ -1664,15 +1666,14 @@ class _Cgroup(object):
         except OSError:
             return False
 
-    def remove_leftovers(self):
+    def remove_leftovers(self, fs):
         """Cgroups below this one of supervisors that died (SIGKILL) before
         removing them: a run's (marked so) is ended first, as nobody else
         would end it; then rmdir, which takes only an empty one, so a kept
-        cgroup that still holds what it keeps stays. A live supervisor holds
-        a flock on each cgroup it made: that, not the pid in the name
-        (another PID namespace's, or reused), says whether its maker is
-        alive. Returns the paths of the runs ended."""
-        import fcntl
+        cgroup that still holds what it keeps stays. Whether its maker is
+        alive is _maker_alive's to say, at once (an unmarked one, unlocked,
+        is left a minute: its maker may not have marked it yet). Returns
+        [(the path of a run ended, how many processes it held)]."""
         ended = []
         for name in _subdirectories(self.fd):
             if not name.startswith("treereap-"):
@@ -1682,21 +1683,32 @@ class _Cgroup(object):
             except OSError:
                 continue  # removed meanwhile
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if time.time() - os.fstat(fd).st_mtime >= _LEFTOVER_MIN_AGE:
-                    if _mark(fd) == b"run":
-                        ended += self._end_leftover(name)
+                mark = _mark(fd)
+                if not _maker_alive(fs, fd, mark) and (
+                        mark or time.time() - os.fstat(fd).st_mtime >= _LEFTOVER_MIN_AGE):
+                    if mark.split()[:1] == [b"run"]:
+                        ended += self._end_leftover(fs, name, mark)
                     _remove_below(self.fd, name)
-            except OSError:
-                pass  # its maker is alive; not a run's (no mark), not empty, or taken
+            except (OSError, AttributeError):
+                pass  # not a run's (no mark), not empty, or taken meanwhile
             finally:
                 os.close(fd)
         return ended
 
-    def _end_leftover(self, name):
+    def _end_leftover(self, fs, name, mark):
+        """End a dead supervisor's run, unless it holds a process that started
+        before its maker did, which is none of its run's (a root command moved
+        it in, or forged the mark; test_trust.py::test_a_forged_leftover_
+        holding_an_older_process_is_left_alone): [(path, processes)] or []."""
+        words = mark.split()
+        if len(words) != 4 or not words[2].isdigit():
+            return []  # no maker named: nothing ties it to a run
         run = self.child(name)
         try:
-            return [run.path] if run.populated() and run.end(_now() + _FINAL_PASS_LIMIT) else []
+            procs = [p for p in (fs.stat(pid) for pid in run.procs()) if p is not None]
+            if not procs or any(p.start < int(words[2]) for p in procs):
+                return []
+            return [(run.path, len(procs))] if run.end(_now() + _FINAL_PASS_LIMIT) else []
         finally:
             run.close()
 
@@ -1716,6 +1728,33 @@ def _mark(fd, value=None):
         return os.setxattr(fd, _RUN_MARK, value) if value else os.getxattr(fd, _RUN_MARK)
     except OSError:
         return None
+
+
+def _maker(fs):
+    """Who makes a cgroup, for its mark: our pid, start time and PID
+    namespace (b"1234 5678 pid:[4026531836]")."""
+    me = os.getpid()
+    return ("%d %d %s" % (me, fs.stat(me).start, _namespaces(fs)["pid"])).encode()
+
+
+def _maker_alive(fs, fd, mark):
+    """Is the supervisor that made the cgroup at fd (its mark read) alive?
+    In our PID namespace its pid and start time say, as no other process
+    can be it: a flock that a process of the run took on the cgroup says
+    nothing (test_trust.py::test_a_flock_on_a_killed_supervisors_run_
+    does_not_keep_it_alive). Made in another namespace, or unmarked: the
+    flock its maker holds while it lives."""
+    words = (mark or b"").split()
+    if len(words) == 4 and words[3] == (_namespaces(fs)["pid"] or "").encode() and all(
+            w.isdigit() for w in words[1:3]):
+        proc = fs.stat(int(words[1]))
+        return proc is not None and proc.live and proc.start == int(words[2])
+    import fcntl
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    return False
 
 
 def _subdirectories(dir_fd):
@@ -1859,7 +1898,7 @@ def _cgroup_for_run(fs, plan):
         raise _cgroup_error(e, e.filename or "cgroup")
     own = cgroup = None
     try:
-        ended = home.remove_leftovers()
+        ended = home.remove_leftovers(fs)
         home, own = _enable_controllers(fs, home, plan)
         cgroup = home.make_child()
         for name in ("cgroup.kill", "cgroup.freeze"):
@@ -1867,7 +1906,7 @@ def _cgroup_for_run(fs, plan):
         cgroup.procs_fd = _high_fd(cgroup.open("cgroup.procs", os.O_WRONLY))
         cgroup.events()
         limits_set = _set_limits(cgroup, plan)
-        _mark(cgroup.fd, b"run")
+        _mark(cgroup.fd, b"run " + _maker(fs))
     except (OSError, SupervisorError) as e:
         if cgroup is not None:
             home.remove_child(cgroup)
@@ -2049,6 +2088,7 @@ class _CgroupContainment(object):
         kept = self.home.make_child("%s.kept-%s" % (
             self.cgroup.path.rsplit("/", 1)[-1], os.urandom(4).hex()))
         try:
+            _mark(kept.fd, b"kept " + _maker(self.fs))
             for proc in reversed(procs):
                 fd = self.budget.pidfd(proc.pid)
                 if fd is False:
@@ -2177,7 +2217,7 @@ class _CgroupContainment(object):
             self.removed = self.home.remove_child(self.cgroup)
         kept = self._kept_cgroup(look) if look is not None else None
         if kept is self.cgroup:  # everything kept: the run's own, no leftover of a dead run
-            _mark(kept.fd, b"kept")
+            _mark(kept.fd, b"kept " + _maker(self.fs))
             kept = None if self.removed else kept
         elif kept is not None and not kept.populated() and self.home.remove_child(kept):
             kept = None
@@ -3510,8 +3550,9 @@ def _choose_containment(run):
         else:
             run.containment = _CgroupContainment(home, own, cgroup, limits_set, walker,
                                                  run.budget, run.record)
-            for path in ended:
-                _say(run, "ended %s, a run whose supervisor was killed" % path)
+            for path, count in ended:
+                _say(run, "ended %s, a run whose supervisor was killed: %d process(es)" % (
+                    path, count))
             return
     run.containment = _ProcContainment(walker)
 
@@ -4560,8 +4601,8 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
     """cgroup.kill on the receipt's kept cgroup, then its removal, if it is
     one this supervisor makes (named after the run's cgroup: that one, when
     everything was kept, or RUN.kept-RANDOM), if the receipt kept anything,
-    if no supervisor holds it any more (its flock: a live run's is left
-    alone), and if it holds every kept process the receipt names that is
+    if the supervisor that made it is gone (_maker_alive: a live run's is
+    left alone), and if it holds every kept process the receipt names that is
     alive (a receipt naming another run's cgroup is then caught). A kept
     cgroup whose listed processes all died holds what descends from them:
     no pid chain leads there any more, and it is ended too. (done, how many
@@ -4571,7 +4612,6 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
     if not (name.startswith("treereap-") and name.partition(".kept-")[0] == run_name
             and receipt.get("preserved")):
         return False, 0, "kept_cgroup %s is not a cgroup this supervisor makes: left alone" % path
-    import fcntl
     mount_point = next((m for root, m, _ in _cgroup2_mounts(fs) if root == "/"), None)
     if mount_point is None:
         return False, 0, "kept_cgroup %s: no cgroup v2 hierarchy is mounted here" % path
@@ -4579,9 +4619,7 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
     try:
         home = _open_home(fs, mount_point, path.rsplit("/", 1)[0] or "/", judge=False)
         cgroup = home.child(name)
-        try:
-            fcntl.flock(cgroup.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if _maker_alive(fs, cgroup.fd, _mark(cgroup.fd)):
             return False, 0, "kept_cgroup %s is its run's still: left alone" % cgroup.path
         if any(not cgroup.holds(fs.cgroup_of(pid)) for pid in roots):
             return False, 0, ("kept_cgroup %s does not hold the processes the receipt kept: "

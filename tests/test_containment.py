@@ -34,8 +34,12 @@ def cgroup_procs(path):
 
 
 def remove_test_cgroup(directory):
-    """Remove a cgroup a test made, killing (by pidfd, and only our
-    descendants) what a failed test left in it, so that it can go."""
+    """Remove a cgroup a test made, and the cgroups below it (a run a failed
+    test left there), killing (by pidfd, and only our descendants) what is
+    in them, so that they can go."""
+    for name in os.listdir(directory):
+        if os.path.isdir(os.path.join(directory, name)):
+            remove_test_cgroup(os.path.join(directory, name))
     with open(directory + "/cgroup.procs") as f:
         for pid in f.read().split():
             kill_pinned(int(pid))
@@ -446,29 +450,113 @@ def home():
     remove_test_cgroup(directory)
 
 
-@needs_cgroup
-def test_a_run_left_by_a_killed_supervisor_is_ended_by_the_next_one(paths, home):
-    """SIGKILL the supervisor: its run lives on in its cgroup (a child in a
-    session of its own, past PR_SET_PDEATHSIG). The next supervisor started
-    in the same cgroup ends it, once a minute old, and says so with -v."""
-    proc = spawn(in_cgroup(home, supervisor_cmd(*paths.options(timeout=300) + CGROUP + [
-        "--", "sh", "-c", "setsid sleep 300 & echo $!; exec sleep 300"])))
+def killed_supervisors_run(options, home, script):
+    """A supervisor started in home on script (which prints a pid first),
+    SIGKILLed once that pid is printed: (the pid, the run's cgroup path)."""
+    proc = spawn(in_cgroup(home, supervisor_cmd(*options + CGROUP + ["--"] + in_the_runs_cgroup(
+        script))))
     orphan = int(read_lines(proc.stdout, 1)[0])
     with open("/proc/%d/cgroup" % orphan) as f:
         left = f.read().split("::")[1].strip()
+    proc.kill()
+    proc.wait()
+    return orphan, left
+
+
+def the_next_supervisor(home):
+    return run(in_cgroup(home, supervisor_cmd("-v", "--timeout", "5", "--", "true")), cwd="/")
+
+
+@needs_cgroup
+def test_a_run_left_by_a_killed_supervisor_is_ended_by_the_next_one_at_once(paths, home):
+    """SIGKILL the supervisor: its run lives on in its cgroup (a child in a
+    session of its own, past PR_SET_PDEATHSIG). The next supervisor started
+    in the same cgroup ends it at once (its maker, named in the cgroup's
+    mark, is gone), and says so with -v, with how many it ended."""
+    orphan, left = killed_supervisors_run(paths.options(timeout=300), home,
+                                          "setsid sleep 300 & echo $!; exec sleep 300")
     try:
-        proc.kill()
-        proc.wait()
         assert alive(orphan) and os.path.isdir(cgroup_dir(left))
-        make_old(cgroup_dir(left))
-        result = run(in_cgroup(home, supervisor_cmd("-v", "--timeout", "5", "--", "true")),
-                     cwd="/")
+        result = the_next_supervisor(home)
         assert result.returncode == 0, result.stderr
-        assert "ended %s, a run whose supervisor was killed" % left in result.stderr
+        assert "ended %s, a run whose supervisor was killed: 1 process(es)" % left in result.stderr
         assert wait_until(lambda: not alive(orphan))
         assert not os.path.exists(cgroup_dir(left))
     finally:
         kill_all([orphan])
+
+
+@needs_cgroup
+def test_a_flock_on_a_killed_supervisors_run_does_not_keep_it_alive(open_dir, home):
+    """A --user command waits for the run's cgroup's flock, which it gets the
+    moment its supervisor is SIGKILLed: a lock anyone may take passed for a
+    live supervisor, and the run lived on. In our PID namespace the mark's
+    maker (its pid and start time) says it is gone: the next one ends it."""
+    options = ["--timeout", 300, "--workdir", open_dir["work"], "--receipt", open_dir["receipt"],
+               "--user", "nobody"]
+    orphan, left = killed_supervisors_run(options, home,
+                                          "setsid flock $cg sleep 300 & echo $!; exec sleep 300")
+    try:
+        assert wait_until(lambda: "FLOCK" in open("/proc/locks").read()
+                          and any(line.split()[4] == str(orphan) for line in
+                                  open("/proc/locks").read().splitlines()))
+        result = the_next_supervisor(home)
+        assert "ended %s, a run whose supervisor was killed" % left in result.stderr, result.stderr
+        assert wait_until(lambda: not alive(orphan))
+    finally:
+        kill_all([orphan])
+
+
+@needs_cgroup
+def test_end_kept_ends_a_kept_cgroup_whose_own_processes_hold_its_lock(paths):
+    """What a run kept takes the kept cgroup's flock, which passed for its
+    run's supervisor still alive: --end-kept left it alone (125). The mark's
+    maker says the run is over: it is ended."""
+    script = "setsid flock $cg sleep 300 >/dev/null 2>&1 & echo $! > locker; exit 0"
+    result = run_supervisor(*paths.options() + ["--preserve-descendants-on-success"] + CGROUP + [
+        "--"] + in_the_runs_cgroup(script))
+    assert result.returncode == 0, result.stderr
+    receipt, locker = read_receipt(paths.receipt), int((paths.work / "locker").read_text())
+    try:
+        assert wait_until(lambda: any(line.split()[4:5] == [str(locker)] for line in
+                                      open("/proc/locks").read().splitlines()))
+        ended = run_supervisor("--end-kept", paths.receipt, "-k", "5")
+        assert ended.returncode == 0, ended.stderr
+        assert not alive(locker) and not os.path.exists(cgroup_dir(receipt["kept_cgroup"]))
+    finally:
+        kill_all([locker])
+
+
+@needs_cgroup
+def test_a_forged_leftover_holding_an_older_process_is_left_alone(home):
+    """A root command makes a cgroup named like a run's, marks it as a run's
+    and moves an older process in: the next, innocent supervisor ends none
+    of it. With the old mark ("run", no maker) nothing ties it to a run; a
+    mark naming a maker that started after the process does not either."""
+    namespace = os.readlink("/proc/self/ns/pid")
+    victim = spawn(["sleep", "300"])
+    start = int(open("/proc/%d/stat" % victim.pid).read().rsplit(")", 1)[1].split()[19])
+    forged = []
+    try:
+        for name, mark in (("treereap-1-deadbeef", b"run"),
+                           ("treereap-2-deadbeef", b"run 2 %d %s" % (start + 100, namespace.encode()))):
+            forged.append(os.path.join(home, name))
+            os.mkdir(forged[-1])
+            os.setxattr(forged[-1], "trusted.treereap", mark)
+            with open(forged[-1] + "/cgroup.procs", "w") as f:
+                f.write(str(victim.pid))
+            make_old(forged[-1])
+            result = the_next_supervisor(home)
+            assert result.returncode == 0 and "ended" not in result.stderr, result.stderr
+            assert alive(victim.pid) and os.path.isdir(forged[-1])
+            with open(home + "/cgroup.procs", "w") as f:
+                f.write(str(victim.pid))
+    finally:
+        victim.kill()
+        victim.wait()
+        for directory in forged:
+            if os.path.isdir(directory):
+                remove_test_cgroup(directory)
 
 
 @needs_cgroup
