@@ -1439,7 +1439,8 @@ class _Walker(object):
             seen.update(fresh)
             if self.callers.groups:  # the caller's jobs are known by group: look first
                 procs = [(pid, self.fs.stat(pid)) for pid in fresh]
-                fresh = [pid for pid, proc in procs if proc is None or not self.claimed(proc, scope)]
+                fresh = [pid for pid, proc in procs
+                         if proc is None or not self.claimed(proc, scope)]
             # Thousands of them, each kill() slower for the storm: mind the time.
             for each in (lambda pid: _quietly_signal(pid, signal.SIGSTOP), self.reaper.reap):
                 for pid in fresh:
@@ -2433,13 +2434,24 @@ class _StopFileWatch(object):
         os.close(ends[2])
         self.fd, self.ask = ends[0], ends[3]
 
-    def first_look(self, seconds):
-        """Is the stop file there at the start? Refused (UsageError) if it
-        cannot be looked at, or the look does not answer within `seconds`."""
-        word = self._answer(seconds)
+    def first_look(self, seconds, fs, endtime):
+        """Is the stop file there at the start? The lookout first says that it
+        runs ("S"), then looks: `seconds` count from then, not from its fork,
+        which a loaded machine may not schedule for long (test_hostile.py::
+        test_a_starved_lookout_is_waited_for). Past them, a lookout that is
+        not blocked in the kernel (D state, on a filesystem that does not
+        answer) is waited for, until endtime. Refused (UsageError) if the
+        path cannot be looked at, or the look does not answer."""
+        word = self._answer(endtime - _now())
+        if word == b"S":
+            word = self._answer(seconds)
+            while word is None and _now() < endtime and getattr(fs.stat(self.pid), "state",
+                                                                "D") != "D":
+                word = self._answer(min(seconds, endtime - _now()))
         if word is None:
-            raise UsageError("--stop-file: %s: no answer within %gs (a network filesystem "
-                             "that does not answer?)" % (self.path, seconds))
+            raise UsageError("--stop-file: %s: no answer within %gs (a network filesystem that "
+                             "does not answer, or a machine too loaded to run the look?)"
+                             % (self.path, seconds))
         if word.startswith(b"E"):
             raise UsageError("--stop-file: cannot look at %s: %s"
                              % (self.path, word[2:].decode("utf-8", "replace")))
@@ -2472,7 +2484,7 @@ class _StopFileWatch(object):
                 return None
             self.said += os.read(self.fd, 512) or b"E the lookout is gone\n"
         word, self.said = self.said.split(b"\n", 1)
-        self.seen = self.seen or word != b"0"
+        self.seen = self.seen or word not in (b"0", b"S")
         return word
 
     def close(self):
@@ -2493,6 +2505,7 @@ def _lookout(path):
     """The lookout's life (see _StopFileWatch): questions on fd 0, answers
     on fd 1, in a process group of its own (a terminal's signals are not
     for it)."""
+    os.write(1, b"S\n")  # it runs: the first look's time counts from here
     os.setpgid(0, 0)
     try:
         watch = _libc().call("inotify_init1", os.O_CLOEXEC)
@@ -3561,7 +3574,8 @@ def _stopped_before_start(run):
     """starting: a stop signal already received, or a stop file already
     there: the command never starts."""
     _act_on_signals(run)
-    there = run.watch is not None and run.watch.first_look(_STOP_FILE_ANSWER)
+    there = run.watch is not None and run.watch.first_look(
+        _STOP_FILE_ANSWER, run.fs, _now() + run.plan.timeout)
     sig = run.last_stop[0]
     if sig is not None or there:
         _decide_stop(run, "signal" if sig is not None else "stop_file", sig)

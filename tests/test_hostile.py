@@ -337,7 +337,7 @@ def test_a_process_sharing_memory_with_one_in_d_state_cannot_stretch_the_bound(
 HUNG_FUSE = r"""
 import os, signal, subprocess, sys
 fd = os.open("/dev/fuse", os.O_RDWR)
-subprocess.check_call(["mount", "-t", "fuse", "-o", "fd=%d,rootmode=40000,user_id=0,group_id=0"
+subprocess.check_call(["mount", "-i", "-t", "fuse", "-o", "fd=%d,rootmode=40000,user_id=0,group_id=0"
                        % fd, "hung", sys.argv[1]], pass_fds=[fd])
 print("mounted", flush=True)
 signal.pause()  # it never answers; its exit closes the connection (ENOTCONN for all)
@@ -373,6 +373,22 @@ def test_a_stop_file_that_does_not_answer_at_the_start_is_refused(paths, hung_fi
     assert result.returncode == 125 and result.stderr.count("\n") == 1, result.stderr
     assert "--stop-file" in result.stderr and "no answer" in result.stderr
     assert not (paths.work / "ran").exists()
+
+
+def test_a_starved_lookout_is_waited_for(paths):
+    """The lookout, the child that looks at the stop file, is not let run
+    its first look for 7 s (held here by strace at its first system call of
+    the look, as a machine at load 150 held it): it is not blocked in the
+    kernel, so it is waited for, and the 5 s count from its first word. It
+    was refused: no answer within 5 s of its fork."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace (apt-get install strace)")
+    argv = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=inotify_add_watch",
+            "-e", "inject=inotify_add_watch:delay_enter=7000000"] + supervisor_cmd(
+                *paths.options(stop=True) + ["--", "touch", paths.work / "ran"])
+    result = run(argv, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (paths.work / "ran").exists()
 
 
 def test_a_stop_files_directory_mounted_over_by_one_that_does_not_answer(paths, tmp_path,
