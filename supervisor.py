@@ -3482,7 +3482,10 @@ def _run_and_end(run):
             _say(run, "stopping the run: %s; %s" % (_why_stopped(run), _first_signal(run)))
             endtime = _enter(run, "terminating")
             run.look = containment.look(keep, run.pid, endtime)
-            _stop_and_wait(run, run.look, endtime)
+            if run.outcome.stop_reason == "cpu_time":  # no grace: it would spend CPU -k long
+                run.outcome.killed = True  # (test_limits.py::test_cpu_time_holds_its_bound_...)
+            else:
+                _stop_and_wait(run, run.look, endtime)
             _kill_command(run, _enter(run, "killing"))
         else:
             run.look = containment.look(keep, run.pid, _now() + run.plan.cleanup_timeout)
@@ -3586,11 +3589,13 @@ def _decide_stop(run, reason, sig=None):
     """The one place the run's stop is decided, once, by the phase that saw
     why (docs/design.md, "The outcome"): the receipt's stop_reason, the
     signal that stopped it, and the signal the run gets first: that one if
-    it is one of _PASSED_ON, else -s. A signal the caller ignored is not
-    passed on (the command ignores it too)."""
+    it is one of _PASSED_ON, else -s (none for --cpu-time). A signal the
+    caller ignored is not passed on (the command ignores it too)."""
     outcome, passed_on = run.outcome, set(_PASSED_ON) - run.catcher.ignored_by_caller
     outcome.stop_reason, outcome.stop_signal = reason, sig
     outcome.run_signal = sig if sig in passed_on else run.plan.stop_signal
+    if reason == "cpu_time":
+        outcome.run_signal = 0  # its CPU is spent: SIGKILL at once, no grace
 
 
 def _start_command(run):
@@ -3815,6 +3820,8 @@ def _leave_running(run):
 
 def _first_signal(run):
     sig = run.outcome.run_signal
+    if run.outcome.stop_reason == "cpu_time":
+        return "SIGKILL at once (no grace: the CPU time is spent)"
     return "%s to the run" % _signal_name(sig) if sig else \
         "no signal first (-s 0): the grace, then SIGKILL"
 
@@ -4680,7 +4687,7 @@ _OPTIONS = (
     (("--pids-max",), "pids_max", "count", None, True,
      "N at most N processes and threads in the run at once (a fork past it fails)"),
     (("--cpu-time",), "cpu_time", "seconds", None, True,
-     "DURATION CPU time of the whole run; spent, the run stops as at the deadline"),
+     "DURATION CPU time of the whole run; spent, the run is killed at once (no grace)"),
     (("--output",), "output", "path", None, True,
      "FILE COMMAND's stdout and stderr go to FILE (made anew)"),
     (("--max-output",), "max_output", "size", None, True, "SIZE at most SIZE bytes in FILE: "

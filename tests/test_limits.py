@@ -123,6 +123,24 @@ def test_cpu_time_stops_a_busy_tree_of_several_processes_within_its_bound(paths)
 
 
 @needs_cgroup
+def test_cpu_time_holds_its_bound_against_spinners_that_ignore_sigterm(paths):
+    """Two spinners that ignore SIGTERM: the grace after the stop signal let
+    them spend -k more seconds on each CPU (2.55 s of CPU for --cpu-time 1).
+    Spent is spent: SIGKILL at once, no grace, no stop signal first. Past the
+    limit they spend at most what they spin between two reads of cpu.stat
+    (50 ms a CPU) and while the supervisor acts (bounded here generously: the
+    machine may be loaded)."""
+    spinners = "trap '' TERM; for i in 1 2; do sh -c \"trap '' TERM; while :; do :; done\" & done; wait"
+    result = run_supervisor(*paths.options(timeout=120, cleanup=3) + [
+        "--cpu-time", "1", "--", "sh", "-c", spinners])
+    receipt = receipt_of(result, paths)
+    assert receipt["stop_reason"] == "cpu_time" and receipt["stop_signal"] is None, receipt
+    assert result.returncode == 137 and receipt["cleanup_confirmed"] is True, result.stderr
+    assert 1.0 <= receipt["usage"]["cpu_usage_s"] < 1.0 + 0.05 * os.cpu_count() + 0.5
+    assert [step["step"] for step in receipt["ladder"]] == ["terminating", "killing", "draining"]
+
+
+@needs_cgroup
 def test_cpu_time_not_spent_lets_the_command_exit(paths):
     result = run_supervisor(*paths.options() + ["--cpu-time", "60", "--", "sh", "-c", "exit 3"])
     receipt = receipt_of(result, paths)
