@@ -107,7 +107,7 @@ _UNSETTLED_RETRY = 0.002
 # A drain round waits this long at most for what it killed before it walks the
 # tree again, so a process stuck in D state cannot hide new adoptions.
 _DRAIN_ROUND_LIMIT = 0.05
-RECEIPT_SCHEMA_VERSION = 5
+RECEIPT_SCHEMA_VERSION = 6
 # Every list of the receipt but `preserved` holds at most this many entries
 # (their counts beside them), and an entry is a few numbers and a process
 # name of at most 15 bytes: its size is bounded by construction. `preserved`
@@ -280,10 +280,11 @@ def __getattr__(name):
             cleanup_confirmed=b, error=n, return_code=ni, timed_out=b, schema_version=i,
             supervisor_version=s, python_version=s, command=list, workdir=s, pid=ni,
             supervisor_pid=i, namespaces=dict, started_at=s, ended_at=s, duration_s=f,
-            timeout_s=f, cleanup_timeout_s=f, stop_reason=s, signal=n, exit_status=i, policy=s,
-            stop_signal=n, cleanup_s=f, ladder=list, containment=s, cgroup=n, kept_cgroup=n,
-            cgroup_unavailable=n, user=nd, preserved=list, survivors=list, survivors_count=ni,
-            unattributed=list, drained=list, drained_count=i, usage=nd, limits=nd, output=nd))
+            timeout_s=f, cleanup_timeout_s=f, stop_reason=s, signal=n, oom_killed_by=n,
+            exit_status=i, policy=s, stop_signal=n, cleanup_s=f, ladder=list, containment=s,
+            cgroup=n, kept_cgroup=n, cgroup_unavailable=n, user=nd, preserved=list,
+            survivors=list, survivors_count=ni, unattributed=list, drained=list,
+            drained_count=i, usage=nd, limits=nd, output=nd))
     globals()[name] = receipt_type
     return receipt_type
 
@@ -1522,6 +1523,9 @@ class _ProcContainment(object):
     def kill(self, group):
         _signal_group(self.walker.fs, group, signal.SIGKILL)
 
+    def stay_out(self):
+        """No cgroup of the run's to stay out of."""
+
     def scope_now(self, look, endtime):
         """The drain's scope: what the look kept (the detached services) stays kept."""
         return look.scope
@@ -2052,7 +2056,7 @@ class _CgroupContainment(object):
         every process outside the group; the rest, recorded. When everything
         is kept, the run's cgroup is the kept one, the cgroups below it (a
         nested supervisor's, a root command's) with it: nothing moves."""
-        self._stay_out()
+        self.stay_out()
         self.cgroup.write("cgroup.freeze", "1")
         _wait_for(None, _EventWaiter(self.cgroup, "frozen", "1"),
                   min(endtime, _now() + _FREEZE_LIMIT))
@@ -2154,13 +2158,15 @@ class _CgroupContainment(object):
                 os.close(fd)
 
     def kill(self, group):
-        self._stay_out()
+        self.stay_out()
         self.cgroup.write("cgroup.kill", "1")
 
-    def _stay_out(self):
+    def stay_out(self):
         """A root command can write our own pid into the run's cgroup: the
-        freeze would stop us, cgroup.kill kill us. Before either, we move
-        back to our own cgroup (ours to write: we made the run's beside it)."""
+        freeze would stop us, cgroup.kill kill us, and the run's memory
+        would count ours. So we move back to our own cgroup (ours to write:
+        we made the run's beside it) at every wake-up while the run runs,
+        and before a freeze or a kill."""
         if self.cgroup.holds(self.fs.cgroup_of(self.me)):
             self.own.write("cgroup.procs", str(self.me))
 
@@ -2979,14 +2985,16 @@ class _Outcome(object):
         ended_wall, ended, pid,     _account: the end; the command's pid and
         return_code, held, output,  return code; the containment's fields;
         usage, namespaces, drained, the output's; the cost; the namespaces;
-        confirmed, exit_status      what was ended; the verdict
+        oom_killed_by, confirmed,   what was ended; which OOM killer killed in
+        exit_status                 the run; the verdict
     """
     __slots__ = (
         "started_wall", "started", "usage_before", "fork_rss_kib", "cgroup_unavailable", "ladder",
         "cleanup_started", "stop_reason", "stop_signal", "run_signal", "error", "error_exit",
         "failed", "killed", "survivors", "stable", "survivors_count", "preserved",
         "unattributed", "foreign", "ended_wall", "ended", "pid", "return_code", "held", "output",
-        "usage", "namespaces", "drained", "confirmed", "exit_status", "supervisor_pid")
+        "usage", "namespaces", "drained", "confirmed", "exit_status", "supervisor_pid",
+        "oom_killed_by")
 
     def __init__(self, plan):
         for name in self.__slots__:
@@ -3019,6 +3027,7 @@ class _Run(object):
         self.fs = self.containment = self.look = self.catcher = self.watch = None
         self.callers = self.reaper = self.budget = self.record = None
         self.output = self.terminal = self.ctrl_c = self.subreaper_before = None
+        self.oom_score_adj = None       # the caller's, which ours was before it was -1000
 
 
 def _enter(run, state):
@@ -3518,6 +3527,7 @@ def _prepare(run):
     except ImportError as e:
         raise SupervisorError("cannot load the resource module (ulimit -n?): %s" % e)
     run.fs = _ProcFS()
+    run.oom_score_adj = _oom_score_adj(run.fs, b"-1000")
     _choose_containment(run)
     try:
         run.subreaper_before = _set_subreaper(True)
@@ -3538,6 +3548,27 @@ def _prepare(run):
         run.watch = _StopFileWatch(run.plan.stop_path)
         run.callers.spare(run.watch.pid)
     run.output = _Output(run.plan.output, run.plan.max_output) if run.plan.output else None
+
+
+def _oom_score_adj(fs, value):
+    """Set our oom_score_adj (to -1000: the OOM killer then never chooses
+    us while the run lives, not even a group kill in the run's cgroup; it
+    chose us first at a container's limit, and no receipt came:
+    test_limits.py::test_an_oom_kill_above_the_run_never_takes_the_supervisor);
+    what it was, or None when it could not be set (unprivileged: only
+    CAP_SYS_RESOURCE may lower it), or read."""
+    try:
+        fd = fs.open("self/oom_score_adj", os.O_RDWR)
+    except (OSError, ObservationError):
+        return None
+    try:
+        before = os.read(fd, 32).strip()
+        os.write(fd, value)
+        return before
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _choose_containment(run):
@@ -3566,11 +3597,33 @@ def _choose_containment(run):
         else:
             run.containment = _CgroupContainment(home, own, cgroup, limits_set, walker,
                                                  run.budget, run.record)
+            _warn_of_memory_above(plan, home, _own_rss_kib(fs))
             for path, count in ended:
                 _say(run, "ended %s, a run whose supervisor was killed: %d process(es)" % (
                     path, count))
             return
     run.containment = _ProcContainment(walker)
+
+
+def _warn_of_memory_above(plan, home, rss_kib):
+    """--memory-max at or over the least memory.max of the cgroups above the
+    run (a container's, a pod's), less what we use ourselves: the OOM kill
+    there comes first, and is no limit of the run's (its receipt says
+    oom_killed_by: outside). Said on stderr: the run goes on."""
+    least, path = None, home.path
+    while plan.memory_max is not None:
+        try:
+            with open(home.mount_point.rstrip("/") + path.rstrip("/") + "/memory.max", "rb") as f:
+                least = min(least or float("inf"), int(f.read()))
+        except (OSError, ValueError):
+            pass  # "max", no memory controller there, or not ours to see
+        if path == "/":
+            break
+        path = path.rsplit("/", 1)[0] or "/"
+    if least is not None and plan.memory_max >= least - (rss_kib or 0) * 1024:
+        _complain("--memory-max %d MiB: a cgroup above the run allows %d MiB (memory.max), less "
+                  "%d MiB the supervisor uses: an OOM kill there would come first; give less"
+                  % (plan.memory_max >> 20, least >> 20, (rss_kib or 0) >> 10))
 
 
 def _stopped_before_start(run):
@@ -3660,10 +3713,11 @@ def _exec_command(run, report_fd):
             os.setpgid(0, 0)
         step = "cgroup"
         run.containment.join(0)
-        if run.plan.memory_max is not None:  # at -1000 (ours, inherited) no OOM kill would come
-            step = "oom_score_adj"
-            if int(_read_to_end(os.open("/proc/self/oom_score_adj", os.O_RDONLY), True)) < 0:
-                _write_all(os.open("/proc/self/oom_score_adj", os.O_WRONLY), b"0")  # (at exec)
+        if run.oom_score_adj is not None:  # the caller's (ours is -1000), at least 0 with
+            step = "oom_score_adj"  # --memory-max: at -1000 no OOM kill would come
+            adj = int(run.oom_score_adj)
+            _write_all(os.open("/proc/self/oom_score_adj", os.O_WRONLY), str(
+                max(adj, 0) if run.plan.memory_max is not None else adj).encode())
         if run.output is not None:
             step = "output"
             for fd in (1, 2):
@@ -3741,6 +3795,7 @@ def _run_until_stop(run):
             _decide_stop(run, reason, sig)
             return
         _check_job_control(run)
+        run.containment.stay_out()
         _wait(run, min(run.endtime, run.cpu_check_at))
 
 
@@ -4046,8 +4101,11 @@ def _account(run):
         outcome.held = run.containment.finish(run.look)
     except OSError:
         pass  # a cgroup that cannot be read or removed: it stays, and is named
+    events = (outcome.held["usage"] or {}).get("memory_events") or {}
+    if events.get("oom_kill"):  # the run's own limit counts an oom; another OOM killer, none
+        outcome.oom_killed_by = "run" if events.get("oom") else "outside"
     if outcome.stop_reason is None and run.plan.memory_max is not None and (
-            (outcome.held["usage"] or {}).get("memory_events") or {}).get("oom_kill"):
+            outcome.oom_killed_by == "run"):
         _decide_stop(run, "memory")  # the kernel's OOM killer ended the run at --memory-max
     if run.output is not None:
         outcome.output = run.output.finish()
@@ -4170,6 +4228,8 @@ def _release(run):
     """Give back what the run took: terminal, fds, signals, subreaper bit.
     Each step is best effort: the receipt no longer depends on it."""
     steps = [lambda: _take_back_terminal(run)]
+    if run.oom_score_adj is not None:  # (an API caller gets its own back)
+        steps.append(lambda: _oom_score_adj(run.fs, run.oom_score_adj))
     for part in (run.watch, run.report, run.output, run.ctrl_c, run.look, run.containment,
                  run.budget, run.fs, run.catcher):
         if part is not None:
@@ -4187,7 +4247,7 @@ def _release(run):
 
 
 def _receipt(plan, outcome):
-    """The receipt: the plan and the outcome, projected in schema 5's order
+    """The receipt: the plan and the outcome, projected in schema 6's order
     (docs/reference.md, "The receipt"). It reads, and decides nothing."""
     user, held, ended = plan.user, outcome.held, outcome.ended
     cleanup_s = ended - outcome.cleanup_started if outcome.cleanup_started is not None else 0.0
@@ -4209,6 +4269,7 @@ def _receipt(plan, outcome):
         "stop_signal": _signal_name(outcome.run_signal) if outcome.run_signal else None,
         "stop_reason": outcome.stop_reason or "exit",
         "signal": _signal_name(outcome.stop_signal) if outcome.stop_signal else None,
+        "oom_killed_by": outcome.oom_killed_by,
         "timed_out": outcome.stop_reason == "timeout",
         "return_code": outcome.return_code,
         "exit_status": outcome.exit_status,
@@ -5016,6 +5077,8 @@ def _limits_hit(receipt):
     return [text for hit, text in (
         (asked.get("memory_max") and receipt["stop_reason"] == "memory", "--memory-max "
          "reached: the kernel's OOM killer ended the run"),
+        (receipt["oom_killed_by"] == "outside", "an OOM killer outside the run (the "
+         "machine's, or a cgroup's above it) killed in it"),
         (asked.get("pids_max") and usage["pids_events_max"], "--pids-max reached: %s fork(s) "
          "failed" % usage["pids_events_max"]),
         (output.get("cut"), "--max-output: %s of %s bytes kept" % (

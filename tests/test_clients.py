@@ -243,7 +243,7 @@ def test_the_receipt_lists_what_was_drained(paths):
         assert status == 124, err
         # Everything (the default): the command itself, its group, the setsid one.
         assert [p["name"] for p in receipt["drained"]] == ["sleep"] * 5
-        assert receipt["drained_count"] == 5 and receipt["schema_version"] == 5
+        assert receipt["drained_count"] == 5 and receipt["schema_version"] == 6
         assert set(receipt["drained"][0]) == {"pid", "name"}
     finally:
         kill_all(kept)

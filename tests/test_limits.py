@@ -262,7 +262,7 @@ def test_memory_max_the_oom_kill_takes_the_whole_run_and_the_supervisor_tells(pa
     receipt = receipt_of(result, paths)
     assert result.returncode == 137 and receipt["exit_status"] == 137, result.stderr
     assert receipt["stop_reason"] == "memory" and receipt["return_code"] == -9
-    assert receipt["cleanup_confirmed"] is True
+    assert receipt["cleanup_confirmed"] is True and receipt["oom_killed_by"] == "run"
     assert not alive(int((paths.work / "sleeper").read_text()))
     usage = receipt["usage"]
     assert usage["memory_events"]["oom_kill"] >= 1 and usage["memory_events"]["max"] >= 1
@@ -284,6 +284,60 @@ def test_an_oom_score_adj_of_minus_1000_does_not_exempt_the_run(paths):
                             stderr=subprocess.PIPE)
     receipt = receipt_of(result, paths)
     assert result.returncode == 137 and receipt["stop_reason"] == "memory", result.stderr
+
+
+@pytest.fixture
+def limited_home():
+    """A cgroup of the test's own to start in, below one with a memory.max of
+    200 MiB (as a container's or a pod's) that enables the controllers for
+    the cgroups below it (so it holds no process itself)."""
+    top = os.path.join(CGROUP_ROOT, "test-limited-%d" % os.getpid())
+    os.mkdir(top)
+    try:
+        for name, value in (("memory.max", "200M"), ("memory.swap.max", "0"),
+                            ("cgroup.subtree_control", "+memory +pids")):
+            with open(os.path.join(top, name), "w") as f:
+                f.write(value)
+        os.mkdir(os.path.join(top, "job"))
+        yield os.path.join(top, "job")
+    finally:
+        for directory, below, _ in sorted(os.walk(top), reverse=True):
+            assert wait_until(lambda: not open(directory + "/cgroup.procs").read().split())
+            os.rmdir(directory)
+
+
+@in_guest
+def test_an_oom_kill_above_the_run_never_takes_the_supervisor(paths, limited_home):
+    """--memory-max 300M in a cgroup limited to 200M (a container's): the
+    OOM kill comes from above, and it took the supervisor first (no
+    receipt); or it killed the run and the receipt said stop_reason memory,
+    a limit that was never reached. The supervisor is at oom_score_adj -1000
+    and says at the start that the limit above comes first; the receipt
+    says the command died of SIGKILL, by an OOM killer outside the run."""
+    argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', limited_home] + limits_cmd(
+        paths, "--memory-max", "300M", "--", PY, "-c", ALLOCATE % 400)
+    result = subprocess.run(argv, universal_newlines=True, timeout=120, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    receipt = receipt_of(result, paths)
+    assert result.returncode == 137 and receipt["return_code"] == -9, result.stderr
+    assert receipt["stop_reason"] == "exit" and receipt["oom_killed_by"] == "outside", receipt
+    assert receipt["cleanup_confirmed"] is True
+    assert "a cgroup above the run allows 200 MiB" in result.stderr, result.stderr
+
+
+@in_guest
+def test_the_supervisor_moved_into_its_run_is_not_taken_by_its_oom_kill(paths):
+    """A root command writes the supervisor's pid into the run's cgroup, then
+    fills --memory-max: the group OOM kill (memory.oom.group) took the
+    supervisor too, and no receipt came. At -1000 the kill passes it over,
+    and it moves itself out again at its next wake-up."""
+    script = "cg=%s$(sed -n 's/^0:://p' /proc/self/cgroup); echo $PPID > $cg/cgroup.procs; " \
+             "exec %s -c '%s'" % (CGROUP_ROOT, shlex.quote(PY), ALLOCATE % 256)
+    result = run_supervisor(*paths.options(timeout=120) + ["--memory-max", "64M", "--",
+                                                           "sh", "-c", script])
+    receipt = receipt_of(result, paths)
+    assert result.returncode == 137 and receipt["stop_reason"] == "memory", result.stderr
+    assert receipt["oom_killed_by"] == "run" and receipt["cleanup_confirmed"] is True
 
 
 @in_guest

@@ -23,7 +23,7 @@ RECEIPT_TYPES = {
     "namespaces": dict,
     "started_at": str, "ended_at": str, "duration_s": float, "timeout_s": float,
     "cleanup_timeout_s": float, "policy": str, "stop_signal": (str, type(None)),
-    "stop_reason": str, "signal": (str, type(None)),
+    "stop_reason": str, "signal": (str, type(None)), "oom_killed_by": (str, type(None)),
     "timed_out": bool, "return_code": (int, type(None)), "exit_status": int,
     "cleanup_confirmed": bool, "cleanup_s": float, "ladder": list, "containment": str,
     "cgroup": (str, type(None)), "kept_cgroup": (str, type(None)),
@@ -425,7 +425,7 @@ def test_receipt_has_every_key_with_its_type(paths):
         assert isinstance(receipt[key], types), (key, receipt[key])
     assert receipt["command"] == ["true"]
     assert receipt["workdir"] == str(paths.work)
-    assert receipt["schema_version"] == 5 and receipt["containment"] == DEFAULT_CONTAINMENT
+    assert receipt["schema_version"] == 6 and receipt["containment"] == DEFAULT_CONTAINMENT
     assert receipt["started_at"].endswith("Z") and receipt["ended_at"] >= receipt["started_at"]
 
 
