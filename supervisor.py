@@ -2644,6 +2644,43 @@ def _id_number(text, what):
     return int(text)
 
 
+def _directory_of(path, option):
+    """Under --user, a descriptor on the directory that holds path's last
+    component, reached from / one component at a time, none of them
+    followed if it is a symlink: a directory the run's uid replaced with a
+    symlink (to a root-only one) is refused, never followed (test_trust.py::
+    test_a_swapped_directory_cannot_redirect_output_or_summary)."""
+    fd, parts, i = os.open("/", _DIR_NOFOLLOW), path.split("/")[1:-1], 0
+    try:
+        for i, part in enumerate(parts):
+            below = os.open(part, _DIR_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        return _high_fd(fd)
+    except OSError as e:
+        os.close(fd)
+        raise UsageError("%s: cannot reach %s without a symlink (%s): under --user no symlink on "
+                         "the path is followed; give the path it leads to" % (
+                             option, "/" + "/".join(parts[:i + 1]), e.strerror))
+
+
+def _open_to_write(path, directory):
+    """A descriptor on path, made anew; never through a symlink, never held
+    up by a FIFO (ENXIO). With directory (_directory_of), opened there, and
+    only a regular file of one link is truncated: one the run's uid linked
+    to a file of ours would be that file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    if directory is None:
+        return os.open(path, flags | os.O_TRUNC, 0o644)
+    fd = os.open(os.path.basename(path), flags, 0o644, dir_fd=directory)
+    st = os.fstat(fd)
+    if st.st_mode & 0o170000 != 0o100000 or st.st_nlink != 1:
+        os.close(fd)
+        raise OSError(errno.EPERM, "not a regular file of one link", path)
+    os.ftruncate(fd, 0)
+    return fd
+
+
 def _check_user_may_not_replace(user, target):
     """Under --user the command must not be able to put a receipt of its own
     at the path, nor replace ours (nor may a kept service of it). Refused: a
@@ -3319,20 +3356,21 @@ class _Output(object):
     bytes; at the end, a marker where bytes were cut, then the tail. FILE
     never grows past the cap. A regular file only (a FIFO would block us)."""
 
-    def __init__(self, path, cap):
+    def __init__(self, path, cap, user):
         self.path, self.cap, self.seen, self.error = path, cap, 0, None
-        self.fd = self.ring = self.file = self.for_command = None
+        self.fd = self.ring = self.file = self.for_command = self.directory = None
         try:
-            self.file = self.for_command = _high_fd(os.open(path, os.O_WRONLY | os.O_CREAT
-                                                            | os.O_TRUNC | os.O_NONBLOCK
-                                                            | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+            if user is not None:  # (see _directory_of; refused with its own line)
+                self.directory = _directory_of(path, "--output")
+            self.file = self.for_command = _high_fd(_open_to_write(path, self.directory))
             if os.fstat(self.file).st_mode & 0o170000 != 0o100000:
                 raise OSError(errno.EINVAL, "not a regular file", path)
             os.set_blocking(self.file, True)
             if cap is not None:
                 import fcntl
                 import tempfile
-                self.ring = tempfile.TemporaryFile(dir=os.path.dirname(path))
+                self.ring = tempfile.TemporaryFile(dir=os.path.dirname(path) if user is None
+                                                   else "/proc/self/fd/%d" % self.directory)
                 self.head_size = cap // 2
                 self.ring_size = cap - self.head_size
                 self.fd, self.for_command = _pipe()
@@ -3405,9 +3443,9 @@ class _Output(object):
                 "bytes_kept": kept, "cut": kept < self.seen, "error": self.error}
 
     def close(self):
-        for fd in set((self.fd, self.for_command, self.file)) - set([None]):
+        for fd in set((self.fd, self.for_command, self.file, self.directory)) - set([None]):
             os.close(fd)
-        self.fd = self.for_command = self.file = None
+        self.fd = self.for_command = self.file = self.directory = None
         _closed(self.ring)
 
 
@@ -3522,10 +3560,10 @@ def _prepare(run):
     """starting: refuse what cannot work; become a subreaper; hold the run
     (its containment); take over signals."""
     _require_linux()
-    try:
-        import resource  # noqa: F401  now: lifting the fd limit must not need an fd
+    try:  # now: lifting the fd limit, or locking a cgroup, must not need an fd
+        import fcntl, resource  # noqa: F401
     except ImportError as e:
-        raise SupervisorError("cannot load the resource module (ulimit -n?): %s" % e)
+        raise SupervisorError("cannot load the fcntl or resource module (ulimit -n?): %s" % e)
     run.fs = _ProcFS()
     run.oom_score_adj = _oom_score_adj(run.fs, b"-1000")
     _choose_containment(run)
@@ -3547,7 +3585,8 @@ def _prepare(run):
     if run.plan.stop_path is not None:
         run.watch = _StopFileWatch(run.plan.stop_path)
         run.callers.spare(run.watch.pid)
-    run.output = _Output(run.plan.output, run.plan.max_output) if run.plan.output else None
+    if run.plan.output:
+        run.output = _Output(run.plan.output, run.plan.max_output, run.plan.user)
 
 
 def _oom_score_adj(fs, value):
@@ -4960,7 +4999,7 @@ def main(argv=None):
     place until the process exits: a late stop signal cannot cost the
     receipt."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    target = None
+    target = summary_dir = None
     try:
         show, values, command = _parse_args(argv)
         if show is not None:
@@ -4974,14 +5013,17 @@ def main(argv=None):
         if kept is not None:
             return _end_kept(kept, values["cleanup_timeout"])
         plan, target = _checked_plan(command, values)
+        if summary is not None and plan.user is not None:  # held from now: see _directory_of
+            summary_dir = _directory_of(_absolute(summary, "--summary"), "--summary")
         if new_session:
             plan.stop_with_parent, plan.relay = _relay_into_new_session(), True
         run = _Run(plan)
         receipt = _execute(run)
     except SupervisorError as e:
-        return _refuse(str(e), target, argv)
+        return _refuse(str(e), target, argv, summary_dir)
     except Exception as e:  # a bug: still one line, and the sandbox is suspect
-        return _refuse("internal error: %s: %s" % (type(e).__name__, e), target, argv)
+        return _refuse("internal error: %s: %s" % (type(e).__name__, e), target, argv,
+                       summary_dir)
     # The receipt goes to disk before anything goes to stderr: a full pipe or
     # a terminal with TOSTOP must not hold it back.
     status, lost = receipt["exit_status"], None
@@ -5005,38 +5047,48 @@ def main(argv=None):
     _write_summary(summary, (
         _outcome(run, receipt, status), receipt["error"], None if receipt["cleanup_confirmed"]
         else _unconfirmed_message(receipt), "receipt: %s" % (
-            "none: " + _os_error_text(lost) if lost else plan.receipt or "none")))
+            "none: " + _os_error_text(lost) if lost else plan.receipt or "none")), summary_dir)
     return status
 
 
-def _refuse(message, target, argv):
+def _refuse(message, target, argv, summary_dir):
     """One line on stderr, exit 125, and no receipt at the path: not an
     earlier run's (the path is found in argv even when parsing failed), and
-    not a partial one."""
+    not a partial one. Under --user, the summary as _directory_of reaches
+    it, or none."""
     _closed(target)
     left = _remove_stale_at(_path_in(argv))
     if left and not message.startswith("--receipt"):
         message += "; " + left
     _complain(message)
-    _write_summary(_path_in(argv, "--summary"), ["refused, exit status 125: %s" % message])
+    summary = _path_in(argv, "--summary")
+    if summary and summary_dir is None and _path_in(argv, "--user"):
+        try:
+            summary_dir = _directory_of(_absolute(summary, "--summary"), "--summary")
+        except UsageError as e:
+            _complain(str(e))
+            return EXIT_FAILURE
+    _write_summary(summary, ["refused, exit status 125: %s" % message], summary_dir)
     return EXIT_FAILURE
 
 
-def _write_summary(path, lines):
+def _write_summary(path, lines, directory=None):
     """--summary: the lines given (None: left out), each made printable (a
     process name cannot add a line), cut to 4 KiB (a Kubernetes termination
     message), in place: an atomic rename cannot replace a bind-mounted file.
-    Never through a symlink, never blocked by a FIFO; a failure is one line,
-    and changes no status."""
+    Opened as _open_to_write opens it (under --user, in the directory held
+    since the start); a failure is one line, and changes no status."""
     if path is None:
         return
     try:
-        with open(path, "wb", opener=lambda name, flags: os.open(
-                name, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)) as f:  # a FIFO: ENXIO
+        with os.fdopen(_open_to_write(path, directory), "wb") as f:
             f.write("".join("".join(c if c.isprintable() else ascii(c)[1:-1] for c in line) + "\n"
                             for line in lines if line).encode("utf-8", "replace")[:_SUMMARY_LIMIT])
     except OSError as e:
         _complain("--summary: cannot write %s: %s" % (path, _os_error_text(e)))
+    finally:
+        if directory is not None:
+            os.close(directory)
 
 
 def _end_kept(path, cleanup_timeout):

@@ -592,6 +592,51 @@ def user_run(open_dir, *args, command=("id",), **kwargs):
 
 
 @needs_root
+@pytest.mark.parametrize("option", ["--output", "--summary"])
+def test_a_swapped_directory_cannot_redirect_output_or_summary(open_dir, tmp_path, option):
+    """A run of nobody renames the sandbox's logs/ and puts there a symlink
+    to a root-only directory (it may: the sandbox is its to write). The
+    next supervisor, root, followed it: a root-owned file of FILE's name,
+    with the command's words in it, in a stand-in for /etc/cron.d. Now no
+    symlink on the path is followed under --user: refused, naming the
+    option, and nothing lands there; a real directory there is fine."""
+    cron = tmp_path / "cron.d"  # pytest's tmp_path: root's alone
+    cron.mkdir(mode=0o700)
+    logs = os.path.join(open_dir["work"], "logs")
+    os.mkdir(logs)
+    os.rename(logs, logs + ".old")
+    os.symlink(str(cron), logs)
+    words = ("sh", "-c", "echo '* * * * * root evil'")
+    result = user_run(open_dir, "--user", "nobody", option, os.path.join(logs, "job"),
+                      command=words)
+    assert result.returncode == 125, result.stderr
+    assert option in result.stderr and "symlink" in result.stderr, result.stderr
+    assert os.listdir(str(cron)) == []
+    os.unlink(logs)
+    os.rename(logs + ".old", logs)
+    result = user_run(open_dir, "--user", "nobody", option, os.path.join(logs, "job"),
+                      command=words)
+    assert result.returncode == 0, result.stderr
+    assert os.path.getsize(os.path.join(logs, "job")) > 0
+
+
+@needs_root
+@pytest.mark.parametrize("option", ["--output", "--summary"])
+def test_a_hard_link_planted_at_the_output_is_not_truncated(open_dir, tmp_path, option):
+    """Where the run's uid may write, it can put at FILE a hard link to a file
+    of root's (where fs.protected_hardlinks is off): truncating FILE would
+    truncate that file. Under --user only a file of one link is made anew."""
+    precious = os.path.join(open_dir["top"], "precious")
+    with open(precious, "w") as f:
+        f.write("root's\n")
+    os.link(precious, os.path.join(open_dir["work"], "job"))
+    result = user_run(open_dir, "--user", "nobody", option,
+                      os.path.join(open_dir["work"], "job"), command=("true",))
+    assert open(precious).read() == "root's\n"
+    assert option in result.stderr, result.stderr
+
+
+@needs_root
 def test_user_runs_the_command_as_that_user_with_no_way_back(open_dir):
     script = ("id -u; id -g; id -G; echo $HOME $USER $LOGNAME; "
               "grep NoNewPrivs /proc/self/status; pwd")
