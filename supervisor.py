@@ -158,6 +158,9 @@ _FREEZE_LIMIT = 0.5
 # unlocked one without a mark, younger than this, may be a maker's that did
 # not get that far yet (starved): left alone.
 _LEFTOVER_MIN_AGE = 60.0
+# The leaf --prepare-cgroup moves a container's processes into, so that its
+# cgroup can enable controllers for the runs' cgroups, made beside the leaf.
+_PREPARED_LEAF = "treereap.init"
 # --summary: at most this much, as a Kubernetes termination message.
 _SUMMARY_LIMIT = 4096
 # The cgroups a supervisor makes are marked (an extended attribute, which
@@ -1903,8 +1906,8 @@ def _cgroup_for_run(fs, plan):
         raise _cgroup_error(e, e.filename or "cgroup")
     own = cgroup = None
     try:
-        ended = home.remove_leftovers(fs)
         home, own = _enable_controllers(fs, home, plan)
+        ended = home.remove_leftovers(fs)
         cgroup = home.make_child()
         for name in ("cgroup.kill", "cgroup.freeze"):
             os.stat(name, dir_fd=cgroup.fd)
@@ -1941,7 +1944,12 @@ def _enable_controllers(fs, home, plan):
     stay there. Refused, naming the option, where it cannot be done: never
     a limit silently unenforced.
     Returns (the cgroup the run's is made in, the one we stay in): a leaf an
-    earlier run left us in (a supervise() caller's) serves again."""
+    earlier run left us in (a supervise() caller's) serves again; in the
+    leaf --prepare-cgroup made (with a container's init and execs), the
+    run's cgroup is made beside it."""
+    own = home
+    if home.path.rsplit("/", 1)[-1] == _PREPARED_LEAF:
+        home = _open_home(fs, home.mount_point, home.path.rsplit("/", 1)[0] or "/", False)
     enabled, available = (home.read(name).decode().split() for name in (
         "cgroup.subtree_control", "cgroup.controllers"))
     missing = [(o, c) for o, c in _limits_asked(plan) if c and c not in enabled]
@@ -1951,10 +1959,10 @@ def _enable_controllers(fs, home, plan):
             "cgroup.controllers: on cgroup v1, or not delegated); see the README's Limits"
             % (option, controller, home.shown))
     if not missing:
-        return home, home
+        return home, own
     if home.path.endswith(".supervisor") and home.procs() == [os.getpid()]:
         return _open_home(fs, home.mount_point, home.path.rsplit("/", 1)[0] or "/", False), home
-    text, own = " ".join("+" + c for _, c in missing), home
+    text = " ".join("+" + c for _, c in missing)
     # We move, and the relay --new-session left in the caller's session (ours).
     movers = [os.getpid()] + [plan.stop_with_parent] * bool(getattr(plan, "relay", False))
     try:
@@ -1975,7 +1983,8 @@ def _enable_controllers(fs, home, plan):
                 own.close()
         raise SupervisorError("%s: cannot enable the %s controller below the cgroup %s: %s" % (
             missing[0][0], missing[0][1], home.shown, "it holds processes other than this one; "
-            "start the supervisor in a cgroup of its own (see the README's Limits)"
+            "start the supervisor in a cgroup of its own, or run treereap --prepare-cgroup "
+            "there once first (a container's entrypoint or first exec)"
             if e.errno == errno.EBUSY else e.strerror))
     return home, own
 
@@ -1995,6 +2004,51 @@ def _set_limits(cgroup, plan):
             raise SupervisorError("%s: cannot set %s/%s: %s" % (
                 _LIMIT_CONTROLLERS[name.startswith("pids")][2], cgroup.shown, name, e.strerror))
     return limits_set
+
+
+def prepare_cgroup():
+    """--prepare-cgroup: make our cgroup ready for limits beside the
+    processes in it (a container's init and its execs share one): each of
+    them moved into the leaf _PREPARED_LEAF, then the memory and pids
+    controllers enabled for the cgroups below; a supervisor started later,
+    in that leaf (an exec) or below it, makes its own beside it. Right when
+    run again, or by two at once; refused where the cgroup is not ours to
+    change (SupervisorError, naming the cause). Returns one line."""
+    fs, home, leaf = _ProcFS(), None, None
+    try:
+        home = _find_cgroup_home(fs)
+        if home.path.rsplit("/", 1)[-1] == _PREPARED_LEAF:  # done before: we are in the leaf
+            home, _ = _open_home(fs, home.mount_point, home.path.rsplit("/", 1)[0] or "/",
+                                 False), home.close()
+        try:
+            os.mkdir(_PREPARED_LEAF, 0o755, dir_fd=home.fd)
+        except FileExistsError:
+            pass
+        leaf, moved = home.child(_PREPARED_LEAF), 0
+        for _ in range(_STOP_PASSES):  # an exec may join meanwhile
+            pids = home.read("cgroup.procs").split()
+            for pid in pids:
+                try:
+                    leaf.write("cgroup.procs", pid.decode())
+                    moved += 1
+                except ProcessLookupError:
+                    pass
+            if not pids:
+                break
+        available = home.read("cgroup.controllers").decode().split()
+        wanted = [c for c in ("memory", "pids") if c in available]
+        home.write("cgroup.subtree_control", " ".join("+" + c for c in wanted))
+        return "%s: %d process(es) moved into %s; %s on for the cgroups beside it" % (
+            home.shown, moved, _PREPARED_LEAF, ", ".join(wanted) or "no controller")
+    except _NoCgroup as e:
+        raise SupervisorError("--prepare-cgroup: %s; give the container a cgroup namespace of its "
+                              "own and mount cgroup2 read-write there (docs/recipes.md)" % e)
+    except OSError as e:
+        raise SupervisorError("--prepare-cgroup: %s: %s" % (getattr(home, "shown", "cgroup"),
+                                                           _os_error_text(e)))
+    finally:
+        for each in (leaf, home, fs):
+            _closed(each)
 
 
 def _cgroup_error(e, what):
@@ -4811,6 +4865,8 @@ _OPTIONS = (
      "a kill of its group cannot stop the drain"),
     (("--end-kept",), "end_kept", "path", None, False, "RECEIPT end what that receipt "
      "kept, within -k; exit 0 when all is gone"),
+    (("--prepare-cgroup",), "prepare_cgroup", "flag", False, False, "move every process of "
+     "this cgroup into a leaf, so that later runs can have limits (a container's entrypoint)"),
     ((), "stop_with_parent", "pid", None, True, None),
 )
 
@@ -4916,10 +4972,11 @@ def _parse_args(argv):
     for _, keyword, kind, default, _, _ in _OPTIONS:
         if keyword not in values:
             values[keyword] = default if default is None else _checked(kind, default, keyword)
-    if values["end_kept"] is not None and command:
-        raise UsageError("--end-kept ends what a receipt kept, and runs no command: drop %s"
-                         % command[0])
-    if values["end_kept"] is None:
+    alone = "--end-kept" if values["end_kept"] is not None else "--prepare-cgroup" * bool(
+        values["prepare_cgroup"])
+    if alone and command:
+        raise UsageError("%s runs no command: drop %s" % (alone, command[0]))
+    if not alone:
         if values["timeout"] is None:
             raise UsageError("--timeout is required (seconds, e.g. --timeout 600)")
         if not command:
@@ -5012,6 +5069,9 @@ def main(argv=None):
         summary = values.pop("summary")
         if kept is not None:
             return _end_kept(kept, values["cleanup_timeout"])
+        if values.pop("prepare_cgroup"):
+            _complain(prepare_cgroup())
+            return 0
         plan, target = _checked_plan(command, values)
         if summary is not None and plan.user is not None:  # held from now: see _directory_of
             summary_dir = _directory_of(_absolute(summary, "--summary"), "--summary")

@@ -528,6 +528,38 @@ def test_end_kept_ends_a_kept_cgroup_whose_own_processes_hold_its_lock(paths):
 
 
 @needs_cgroup
+def test_prepare_cgroup_moves_what_shares_the_cgroup_into_a_leaf_and_runs_go_beside_it(home):
+    """A container's init and its execs share one cgroup, where no
+    controller can be enabled for the runs. --prepare-cgroup moves each of
+    its processes into a leaf, treereap.init; run again it changes nothing;
+    a supervisor started later in that leaf makes the run's cgroup beside
+    it, and the leaf keeps what it holds."""
+    init = spawn(in_cgroup(home, ["sleep", "300"]))
+    try:
+        assert wait_until(lambda: str(init.pid) in open(home + "/cgroup.procs").read().split())
+        first = run(in_cgroup(home, supervisor_cmd("--prepare-cgroup")), cwd="/")
+        assert first.returncode == 0 and "moved into treereap.init" in first.stderr, first.stderr
+        assert open(home + "/cgroup.procs").read().split() == []
+        assert str(init.pid) in open(home + "/treereap.init/cgroup.procs").read().split()
+        again = run(["sh", "-c", 'echo $$ > "$0/treereap.init/cgroup.procs" && exec "$@"', home]
+                    + supervisor_cmd("--prepare-cgroup"), cwd="/")
+        assert again.returncode == 0 and " 0 process(es) moved" in again.stderr, again.stderr
+        later = run(["sh", "-c", 'echo $$ > "$0/treereap.init/cgroup.procs" && exec "$@"', home]
+                    + supervisor_cmd("--timeout", 10, "--containment", "cgroup", "--", "sh", "-c",
+                                     "sed -n 's/^0:://p' /proc/self/cgroup"), cwd="/")
+        assert later.returncode == 0, later.stderr
+        assert os.path.dirname(later.stdout.strip()) == home[len(CGROUP_ROOT):], later.stdout
+    finally:
+        init.kill()
+        init.wait()
+
+
+def test_prepare_cgroup_runs_no_command():
+    result = run_supervisor("--prepare-cgroup", "--", "true")
+    assert result.returncode == 125 and "--prepare-cgroup runs no command" in result.stderr
+
+
+@needs_cgroup
 def test_a_forged_leftover_holding_an_older_process_is_left_alone(home):
     """A root command makes a cgroup named like a run's, marks it as a run's
     and moves an older process in: the next, innocent supervisor ends none

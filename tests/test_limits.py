@@ -341,6 +341,39 @@ def test_the_supervisor_moved_into_its_run_is_not_taken_by_its_oom_kill(paths):
 
 
 @in_guest
+def test_limits_beside_an_init_after_prepare_cgroup(paths):
+    """A cgroup shared with another process (a container's init, an exec's
+    sibling): --memory-max is refused, naming the step that makes it work;
+    after --prepare-cgroup, a supervisor started beside the init holds its
+    run to the limit."""
+    shared = os.path.join(CGROUP_ROOT, "test-shared-%d" % os.getpid())
+    os.mkdir(shared)
+    into = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', shared]
+    init = spawn(into + ["sleep", "300"])
+    try:
+        assert wait_until(lambda: str(init.pid) in open(shared + "/cgroup.procs").read().split())
+        limited = limits_cmd(paths, "--memory-max", "40M", "--", PY, "-c", ALLOCATE % 256)
+        refused = subprocess.run(into + limited, universal_newlines=True, timeout=120,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert refused.returncode == 125 and "--prepare-cgroup" in refused.stderr, refused.stderr
+        prepared = subprocess.run(into + supervisor_cmd("--prepare-cgroup"), timeout=120,
+                                  universal_newlines=True, stderr=subprocess.PIPE)
+        assert prepared.returncode == 0 and "memory, pids on" in prepared.stderr, prepared.stderr
+        leaf = ["sh", "-c", 'echo $$ > "$0/treereap.init/cgroup.procs" && exec "$@"', shared]
+        result = subprocess.run(leaf + limited, universal_newlines=True, timeout=120,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        receipt = receipt_of(result, paths)
+        assert result.returncode == 137 and receipt["stop_reason"] == "memory", result.stderr
+        assert alive(init.pid)
+    finally:
+        init.kill()
+        init.wait()
+        for directory, _, _ in sorted(os.walk(shared), reverse=True):
+            assert wait_until(lambda: not open(directory + "/cgroup.procs").read().split())
+            os.rmdir(directory)
+
+
+@in_guest
 def test_an_oom_of_a_nested_run_is_not_ours_to_report(paths):
     """The inner supervisor's --memory-max kills its run; the outer, asked
     for no limit, reports the inner's exit (137), not a memory stop of its
