@@ -29,6 +29,14 @@ settings.load_profile("loaded")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUPERVISOR = os.path.join(ROOT, "supervisor.py")
+# SUPERVISOR_ENTRY=PATH, a treereap.pyz (scripts/build_pyz.py): every command
+# line the tests build runs it instead of supervisor.py (SUPERVISOR names it;
+# SOURCE is always supervisor.py). For the CLI tests: test_cli, test_timeout,
+# test_run, test_pythons; _ENTRY_SKIPS lists what cannot go through it.
+SOURCE = SUPERVISOR
+ENTRY = os.environ.get("SUPERVISOR_ENTRY") or None
+if ENTRY:
+    SUPERVISOR = ENTRY = os.path.abspath(ENTRY)
 HELPERS = os.path.join(ROOT, "tests", "helpers")
 PY = sys.executable
 IS_ROOT = os.geteuid() == 0
@@ -123,6 +131,9 @@ OTHER_PYTHONS = [v for v in PYTHONS if v != THIS_PYTHON]
 
 
 def pytest_configure(config):
+    if ENTRY and not os.path.isfile(ENTRY):
+        raise pytest.UsageError("SUPERVISOR_ENTRY=%s: no such file (build one: "
+                                "python3 scripts/build_pyz.py -o PATH)" % ENTRY)
     missing = [v for v in REQUIRED if v not in PYTHONS]
     if missing:
         raise pytest.UsageError("SUPERVISOR_REQUIRE_PYTHONS wants CPython %s, not found here "
@@ -138,11 +149,44 @@ def pytest_collection_modifyitems(config, items):
     uid: a supervisor with --user nobody counts every other process of that
     uid that started during its run against its confirmation, as it must. So
     they run in one xdist group, one at a time, never beside each other."""
+    if ENTRY:
+        _mark_what_the_entry_cannot_run(items)
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue
         if "open_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("nobody"))
+
+
+# Under SUPERVISOR_ENTRY, the tests of the CLI files that never run the entry
+# (they import supervisor.py or read it, or run it by its own path): skipped,
+# as they prove nothing about the pyz (the plain suite runs them).
+_IMPORTS = "imports supervisor.py in-process: not a command line"
+_ENTRY_SKIPS = dict(
+    [("test_cli.py::" + name, _IMPORTS) for name in (
+        "test_parse_duration_accepts_every_positive_number",
+        "test_parse_duration_accepts_only_positive_finite_values",
+        "test_exec_timeout_stays_finite_for_the_largest_duration", "test_refuses_outside_linux")]
+    + [("test_run.py::" + name, _IMPORTS) for name in (
+        "test_api_exec_timeout_and_constants", "test_api_supervise_returns_the_receipt",
+        "test_api_refuses_a_bad_argv_before_starting", "test_api_import_has_no_side_effects",
+        "test_api_cleanup_receipt_type",
+        "test_api_leaves_the_callers_children_for_the_caller_to_wait_for")]
+    + [("test_pythons.py::test_the_api", _IMPORTS),
+       ("test_pythons.py::test_the_file_compiles", "compiles supervisor.py's source (a pyz "
+        "holds bytecode compiled by each CPython: tests/test_pyz.py)"),
+       ("test_cli.py::test_version", "a pyz's --version names the sha256 it was built from "
+        "(tests/test_pyz.py checks it)"),
+       ("test_cli.py::test_refuses_a_proc_of_another_pid_namespace",
+        "runs ROOT/supervisor.py by its own path, not SUPERVISOR")])
+
+
+def _mark_what_the_entry_cannot_run(items):
+    for item in items:
+        name = getattr(item, "originalname", None) or item.name
+        key = "%s::%s" % (os.path.basename(item.nodeid.split("::")[0]), name)
+        if key in _ENTRY_SKIPS:
+            item.add_marker(pytest.mark.skip(reason="SUPERVISOR_ENTRY: " + _ENTRY_SKIPS[key]))
 
 
 @pytest.fixture(params=OTHER_PYTHONS, ids=lambda v: "py" + v)
