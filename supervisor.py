@@ -11,8 +11,7 @@ deadline passes, the stop file appears, its CPU time is spent or a stop
 signal arrives: then what is left is stopped (the stop signal, a grace,
 SIGKILL) and drained; the states it goes through are _drive()'s. What is
 kept: nothing by default; with --preserve-descendants-on-success everything,
-after an exit 0 that nothing stopped; with --keep-services the services
-detached before a stop. The receipt, a JSON file, says what happened and
+after an exit 0 that nothing stopped. The receipt, a JSON file, says what happened and
 whether it was observed that nothing of the run is left alive.
 
 Exit status (the conventions of timeout(1)):
@@ -49,7 +48,7 @@ its entry points, in the order they stand (tests/test_docs.py checks it):
     The exec report and the output   _ExecReport, _Output
     The phases: starting, running    _execute, _drive (the driver), _prepare, _decide_stop,
                                      _start_command, _run_until_stop
-    The phases: the stop, the drain  _keep_what, _stop_and_wait, _drain, _scope_now
+    The phases: the stop, the drain  _keeps_everything, _stop_and_wait, _drain
     The phases: done, the account    _finish, _note_survivors, _account
     When the supervisor fails        _fail, _abandon, _release
     The receipt                      _receipt (the projection), _ReceiptTarget
@@ -129,10 +128,7 @@ EXIT_NOT_FOUND = 127
 EXIT_KILLED = 128 + 9
 
 # What a run keeps running when it ends: the drain policies.
-POLICIES = ("drain-all", "preserve-descendants-on-success", "keep-services")
-# What a containment is asked to keep out of the drain (see _keep_what()).
-_KEEP_NOTHING, _KEEP_DETACHED, _KEEP_OUTSIDE_GROUP, _KEEP_EVERYTHING = (
-    "nothing", "detached", "outside group", "everything")
+POLICIES = ("drain-all", "preserve-descendants-on-success")
 # How the run is held: --containment.
 CONTAINMENTS = ("auto", "cgroup", "proc")
 
@@ -1161,13 +1157,13 @@ def _signal_group(fs, pid, sig):
 class _Scope(object):
     """Whom a drain ends, given to every walk: the command's group (the
     command's pid, which is the group id, ours while its zombie is held;
-    None for --end-kept), the identities of the kept roots, and how far it
-    reaches: _RUN (every process of the run not kept), _GROUP (the group
-    alone) or None (nothing: everything is kept)."""
-    __slots__ = ("group", "kept", "reach")
+    None for --end-kept), and how far it reaches: _RUN (every process of
+    the run), _GROUP (the group alone: a failure of ours after everything
+    was kept) or None (nothing: everything is kept)."""
+    __slots__ = ("group", "reach")
 
-    def __init__(self, group, kept=frozenset(), reach=_RUN):
-        self.group, self.kept, self.reach = group, kept, reach
+    def __init__(self, group, reach=_RUN):
+        self.group, self.reach = group, reach
 
     def in_group(self, proc):
         return proc.pgid == self.group or proc.pid == self.group
@@ -1175,7 +1171,7 @@ class _Scope(object):
 
 class _Walk(object):
     """The result of one look: the live processes in scope (parents first),
-    pins on them when asked for, every process seen outside kept subtrees,
+    pins on them when asked for, every process seen,
     whether nothing it read changed under it, and whether it was whole (not
     cut short by its endtime). `held`: our children it holds by their pid
     alone (no pidfd), which the reaper must leave until the walk has left
@@ -1205,12 +1201,6 @@ class _Walker(object):
         self.reaper, self.budget, self.record = reaper, budget, record
         self.me = children.me
         self.roots = roots          # --end-kept: {pid: pin} of the kept processes
-
-    def detached(self, scope, endtime=None):
-        """Our live children outside the command's group, but never the
-        command itself (it may have moved to another group), nor the caller's."""
-        return [proc for proc in self.children.live(endtime, self.reaper)
-                if not scope.in_group(proc) and not self.claimed(proc, scope)]
 
     def claimed(self, proc, scope):
         """The caller's, or unattributed (see _CallersJobs.claims)."""
@@ -1317,7 +1307,7 @@ class _Walker(object):
         the stop signal (a look) or for waiting (a kill walk), while the fd
         limit allows; past it, a process the look stopped runs on (SIGCONT):
         it gets SIGKILL in the drain."""
-        proc, pin, _ = node
+        proc, pin = node
         if pin is None:
             return
         walk.held.discard(proc.pid)
@@ -1334,19 +1324,15 @@ class _Walker(object):
 
     def _visit(self, parent, pid, scope, reach, hold, walk):
         """Look at one process. None when it is gone, moved, the caller's, or
-        one of our zombies (reaped here, never carried); else (proc, pin,
-        kept) to descend into, pin proving it ours for its children's sake."""
-        parent_proc, _, parent_kept = parent or (None, None, False)
-        # Below a kept service only group members are in scope, and killpg
-        # reaches those: nothing there needs a proof.
-        pin = self._prove(parent, pid) if hold and not parent_kept else None
+        one of our zombies (reaped here, never carried); else (proc, pin) to
+        descend into, pin proving it ours for its children's sake."""
+        parent_proc = parent[0] if parent else None
+        pin = self._prove(parent, pid) if hold else None
         proc = pin.proc if pin is not None else self.fs.stat(pid)
         if proc is None or not self._below(proc, parent_proc):
             # Gone since its parent's list was read, or re-parented: it may
-            # have handed its children to a list read before. Below a kept
-            # service, which runs on, only group members are at stake.
-            if proc is not None or not parent_kept:
-                walk.stable = False
+            # have handed its children to a list read before.
+            walk.stable = False
             return _closed(pin)
         if parent is None and self.roots is None:
             if self.claimed(proc, scope):
@@ -1356,16 +1342,14 @@ class _Walker(object):
                 # may have died after our list was read.
                 walk.stable = False
                 return _closed(pin)
-        if not parent_kept:
-            walk.seen.add(proc.identity)
-        kept = parent_kept or proc.identity in scope.kept
-        if proc.live and (scope.in_group(proc) or (reach == _RUN and not kept)):
+        walk.seen.add(proc.identity)
+        if proc.live and (scope.in_group(proc) or reach == _RUN):
             walk.found.append(proc)
             self.record.saw(proc)
             if pin is not None and not scope.in_group(proc):
                 pin.send(signal.SIGSTOP)  # the group was stopped before the walk
-            return (proc, pin, kept)
-        return (proc, _closed(pin), kept)
+            return (proc, pin)
+        return (proc, _closed(pin))
 
     def _below(self, proc, parent_proc):
         """Is proc still where the walk found it: its parent's child, ours
@@ -1386,7 +1370,7 @@ class _Walker(object):
         stat read was its own; if the parent's pin (or the parent being our
         unreaped child) still holds the parent, the ppid read was that
         parent's."""
-        parent_proc, parent_pin, _ = parent or (None, None, False)
+        parent_proc, parent_pin = parent or (None, None)
         parent_fd = parent_pin.fd if parent_pin is not None else None
         parent_is_ours = parent_proc is None or parent_proc.ppid == self.me
         if parent_proc is None and self.roots is not None:
@@ -1413,7 +1397,7 @@ class _Walker(object):
         """Was the process alive after its children were read? (Then nothing
         left its list unseen.) Pinned processes are checked by their pidfd,
         the rest by /proc."""
-        proc, pin, _ = node
+        proc, pin = node
         if not proc.live:
             return True  # a zombie has no children: they left at its exit
         if pin is not None and pin.fd is not None:
@@ -1421,18 +1405,15 @@ class _Walker(object):
         return self.fs.alive(proc)
 
     def _stop_own_children(self, scope, endtime):
-        """SIGSTOP every child of ours that is not a kept service or the
-        caller's, before the walk looks at anything, then reap the zombies
-        among them. Orphans of a tree that keeps forking are adopted by us,
+        """SIGSTOP every child of ours that is not the caller's, before the
+        walk looks at anything, then reap the zombies among them. Orphans of a tree that keeps forking are adopted by us,
         and each of their sessions gets as much CPU as we do (autogroups): a
         starved supervisor reading /proc process by process would only ever
         find the zombies of processes that already replaced themselves. So
         each pass costs one kill() a child, newest first (the live end of each
         lineage was adopted last), and there are at most _STOP_PASSES, so the
-        walk always gets its turn. By pid: an unreaped child's pid is its own,
-        and a kept service is recognised by its pid (should that pid be
-        reused, the process is only left to the walk)."""
-        spared = set(pid for pid, _ in scope.kept | self.callers.processes) | self.callers.children
+        walk always gets its turn. By pid: an unreaped child's pid is its own."""
+        spared = set(pid for pid, _ in self.callers.processes) | self.callers.children
         spared.add(scope.group)
         seen = set()
         for _ in range(_STOP_PASSES):
@@ -1456,19 +1437,18 @@ class _Walker(object):
 
 class _Look(object):
     """What a look found and took, which the driver passes to the verbs
-    after it (no containment keeps it): what the policy keeps, the scope of
-    the drain, the live processes the stop will end (recorded), the pins
-    the walk took on them (/proc), the pids seen stopped and the kept
-    cgroup (cgroup). close() lets go of its pins and descriptors."""
-    __slots__ = ("keep", "scope", "found", "pins", "stopped", "kept_cgroup")
+    after it (no containment keeps it): the scope of the drain (reach None:
+    everything is kept), the live processes the stop will end (recorded),
+    the pins the walk took on them (/proc), and the pids seen stopped
+    (cgroup). close() lets go of its pins."""
+    __slots__ = ("scope", "found", "pins", "stopped")
 
-    def __init__(self, keep, scope, found=(), pins=(), stopped=(), kept_cgroup=None):
-        self.keep, self.scope, self.found, self.pins = keep, scope, list(found), list(pins)
-        self.stopped, self.kept_cgroup = frozenset(stopped), kept_cgroup
+    def __init__(self, scope, found=(), pins=(), stopped=()):
+        self.scope, self.found, self.pins = scope, list(found), list(pins)
+        self.stopped = frozenset(stopped)
 
     def close(self):
         _close_pins(self.pins)
-        _closed(self.kept_cgroup)
 
 
 class _ProcContainment(object):
@@ -1485,23 +1465,18 @@ class _ProcContainment(object):
     def join(self, pid):
         """The process group, made on both sides of the fork, is all the walk needs."""
 
-    def look(self, keep, group, endtime):
+    def look(self, keep_all, group, endtime):
         """SIGSTOP the group, then walk: the walk stops every other process of
         the run as it finds it, so that none dies and hands its children to a
         list read before, nor forks, until the stop signal has reached them
-        all. What is kept decides the scope: the detached services are out of
-        it; 'outside group' leaves only the group in it; 'everything'
-        empties it."""
+        all. Everything kept: nothing to look at."""
         walker = self.walker
         _signal_group(walker.fs, group, signal.SIGSTOP)
-        kept = frozenset(p.identity for p in walker.detached(_Scope(group), endtime)
-                         if keep == _KEEP_DETACHED)
-        scope = _Scope(group, kept, {_KEEP_OUTSIDE_GROUP: _GROUP, _KEEP_EVERYTHING: None}.get(
-            keep, _RUN))
-        if scope.reach is None:
-            return _Look(keep, scope)
+        scope = _Scope(group, None if keep_all else _RUN)
+        if keep_all:
+            return _Look(scope)
         walk = walker.walk(scope, hold=True, endtime=endtime)
-        return _Look(keep, scope, walk.found, walk.pins)
+        return _Look(scope, walk.found, walk.pins)
 
     def stop(self, look, sig, endtime):
         """sig, then SIGCONT, to the group (by killpg) and to every process
@@ -1529,10 +1504,6 @@ class _ProcContainment(object):
     def stay_out(self):
         """No cgroup of the run's to stay out of."""
 
-    def scope_now(self, look, endtime):
-        """The drain's scope: what the look kept (the detached services) stays kept."""
-        return look.scope
-
     def drain_round(self, scope, endtime):
         return self.walker.kill_round(scope, endtime)
 
@@ -1540,17 +1511,13 @@ class _ProcContainment(object):
         return self.walker.confirm(scope, endtime, walk)
 
     def preserved(self, look, endtime):
-        """The kept roots alive now: after a forced stop the services kept; at
-        a natural exit every live child outside the group ('everything': every
-        live child, the group's too)."""
+        """What is kept, alive now: when everything is, every live child of
+        ours but the command, and the caller's."""
         walker, scope = self.walker, look.scope
-        if look.keep == _KEEP_EVERYTHING:
-            return [p for p in walker.children.live(endtime, walker.reaper)
-                    if p.pid != scope.group and not walker.claimed(p, scope)]
-        if look.keep == _KEEP_NOTHING:
+        if scope.reach is not None:
             return []
-        return [p for p in walker.detached(scope, endtime)
-                if look.keep == _KEEP_OUTSIDE_GROUP or p.identity in scope.kept]
+        return [p for p in walker.children.live(endtime, walker.reaper)
+                if p.pid != scope.group and not walker.claimed(p, scope)]
 
     def census(self, scope, endtime):
         return self.walker.census(scope, endtime)
@@ -1694,10 +1661,10 @@ class _Cgroup(object):
                 mark = _mark(fd)
                 if not _maker_alive(fs, fd, mark) and (
                         mark or time.time() - os.fstat(fd).st_mtime >= _LEFTOVER_MIN_AGE):
-                    if mark.split()[:1] == [b"run"]:
+                    if mark and mark.split()[:1] == [b"run"]:
                         ended += self._end_leftover(fs, name, mark)
                     _remove_below(self.fd, name)
-            except (OSError, AttributeError):
+            except OSError:
                 pass  # not a run's (no mark), not empty, or taken meanwhile
             finally:
                 os.close(fd)
@@ -2060,26 +2027,12 @@ def _cgroup_error(e, what):
     return _NoCgroup("%s: %s" % (what, e.strerror))
 
 
-def _subtrees(members, roots, stop):
-    """roots and their descendants among members ({pid: _Proc}), parents
-    first, not descending into a process for which stop(proc) is true."""
-    children = {}
-    for proc in members.values():
-        children.setdefault(proc.ppid, []).append(proc)
-    found, todo = [], list(roots)
-    while todo:
-        proc = todo.pop(0)
-        found.append(proc)
-        todo.extend(p for p in children.get(proc.pid, []) if not stop(p))
-    return found
-
-
 class _CgroupContainment(object):
     """The run in a cgroup v2 of its own: the command joins it before exec,
     and everything it starts inherits it, whatever session or group it moves
-    to. A stop freezes it (cgroup.freeze) to look, moves what the policy
-    keeps to a sibling cgroup (it survives cgroup.kill, and an owner can end
-    all of it at once later), signals, thaws, and ends it with cgroup.kill;
+    to. A stop freezes it (cgroup.freeze) to look, signals, thaws, and ends
+    it with cgroup.kill (when everything is kept, it stays as it is, and an
+    owner can end all of it at once later: --end-kept);
     the kernel says when it is empty (`populated 0` in cgroup.events, which
     wakes the wait: nothing polls). A root command can move a process out of
     the cgroup: so the confirmation is `populated 0` and a /proc walk from us
@@ -2103,71 +2056,25 @@ class _CgroupContainment(object):
         except ProcessLookupError:
             pass  # gone already: its exit says why
 
-    def look(self, keep, group, endtime):
-        """Freeze the cgroup; move what is kept, while frozen, to the sibling
-        cgroup: the services (our children outside the group) and their
-        subtrees but for the group's members below them ('detached'), or
-        every process outside the group; the rest, recorded. When everything
-        is kept, the run's cgroup is the kept one, the cgroups below it (a
-        nested supervisor's, a root command's) with it: nothing moves."""
+    def look(self, keep_all, group, endtime):
+        """Freeze the cgroup; the members, recorded, and those seen stopped.
+        When everything is kept, the run's cgroup is the kept one, the
+        cgroups below it (a nested supervisor's, a root command's) with it."""
         self.stay_out()
         self.cgroup.write("cgroup.freeze", "1")
         _wait_for(None, _EventWaiter(self.cgroup, "frozen", "1"),
                   min(endtime, _now() + _FREEZE_LIMIT))
-        scope = _Scope(group, reach=None if keep == _KEEP_EVERYTHING else _RUN)
-        if keep == _KEEP_EVERYTHING:
-            return _Look(keep, scope)
-        members, kept_cgroup = self._members(endtime), None
-        try:
-            if keep == _KEEP_DETACHED:
-                roots = [p for p in members.values()
-                         if p.ppid == self.me and not scope.in_group(p)]
-                kept_cgroup = self._move_to_kept(_subtrees(members, roots, stop=scope.in_group))
-            elif keep != _KEEP_NOTHING:
-                kept_cgroup = self._move_to_kept(
-                    [p for p in members.values() if not scope.in_group(p)])
-            if keep != _KEEP_NOTHING:  # what is left once the kept moved out
-                members = self._members(endtime)
-        except BaseException:
-            _closed(kept_cgroup)
-            raise
-        found = list(members.values())
+        if keep_all:
+            return _Look(_Scope(group, None))
+        found = list(self._members(endtime).values())
         for proc in found:
             self.record.saw(proc)
-        return _Look(keep, scope, found, stopped=(p.pid for p in found if p.state == "T"),
-                     kept_cgroup=kept_cgroup)
+        return _Look(_Scope(group), found, stopped=(p.pid for p in found if p.state == "T"))
 
-    def _move_to_kept(self, procs):
-        """The kept cgroup, made for procs, which move there: leaves first,
-        each pinned by a pidfd, and only from the run's own cgroup (what a
-        nested supervisor holds stays in its cgroup, below ours: ended with
-        ours, unless everything is kept). None when nothing is to be kept."""
-        if not procs:
-            return None
-        kept = self.home.make_child("%s.kept-%s" % (
-            self.cgroup.path.rsplit("/", 1)[-1], os.urandom(4).hex()))
-        try:
-            _mark(kept.fd, b"kept " + _maker(self.fs))
-            for proc in reversed(procs):
-                fd = self.budget.pidfd(proc.pid)
-                if fd is False:
-                    continue
-                try:
-                    if self.fs.cgroup_of(proc.pid) == self.cgroup.path:
-                        kept.write("cgroup.procs", str(proc.pid))
-                except ProcessLookupError:
-                    pass
-                finally:
-                    _closed(_Pin(None, fd))
-        except BaseException:
-            kept.close()
-            raise
-        return kept
-
-    def _members(self, endtime=None, cgroup=None):
-        """{pid: _Proc} of the live processes in the run's cgroup (or `cgroup`) now."""
+    def _members(self, endtime=None):
+        """{pid: _Proc} of the live processes in the run's cgroup now."""
         found = {}
-        for pid in (cgroup or self.cgroup).procs():
+        for pid in self.cgroup.procs():
             if endtime is not None and _now() >= endtime:
                 break
             proc = self.fs.stat(pid)
@@ -2224,14 +2131,6 @@ class _CgroupContainment(object):
         if self.cgroup.holds(self.fs.cgroup_of(self.me)):
             self.own.write("cgroup.procs", str(self.me))
 
-    def scope_now(self, look, endtime):
-        """The drain's scope with the kept roots read again: our children in
-        the kept cgroup, those a dying kept service handed us included
-        (born there, they are kept). The driver asks before every round,
-        confirmation and census (docs/design.md, "The cgroup")."""
-        kept = frozenset(p.identity for p in self.preserved(look, endtime))
-        return _Scope(look.scope.group, kept, look.scope.reach)
-
     def drain_round(self, scope, endtime):
         """cgroup.kill (again: cheap, and a storm is over at once); once the
         cgroup is empty, a kill walk for what left it."""
@@ -2245,17 +2144,14 @@ class _CgroupContainment(object):
             return [], False
         return self.walker.confirm(scope, endtime, walk)
 
-    def _kept_cgroup(self, look):
-        return self.cgroup if look.keep == _KEEP_EVERYTHING else look.kept_cgroup
-
     def preserved(self, look, endtime):
-        """The roots of what is kept: the live processes of the kept cgroup
-        whose parent is none of them (our children, and the children of one
-        that is dying this moment, not yet handed to us)."""
-        kept = self._kept_cgroup(look)
-        if kept is None:
+        """The roots of what is kept (everything: the run's cgroup, then the
+        kept one): its live members whose parent is none of them (our
+        children, and the children of one that is dying this moment, not yet
+        handed to us)."""
+        if look.scope.reach is not None:
             return []
-        members = self._members(cgroup=kept)
+        members = self._members()
         return [p for p in members.values() if p.ppid not in members]
 
     def census(self, scope, endtime):
@@ -2272,18 +2168,16 @@ class _CgroupContainment(object):
 
     def finish(self, look):
         """What the run cost, read before the run's cgroup is removed (once
-        empty), and the kept one if nothing is in it."""
+        empty); when everything was kept, it is marked kept (no leftover of
+        a dead run for the next supervisor to end) and named."""
         usage = self.usage()
         if not self.removed and not self.cgroup.populated():
             self.removed = self.home.remove_child(self.cgroup)
-        kept = self._kept_cgroup(look) if look is not None else None
-        if kept is self.cgroup:  # everything kept: the run's own, no leftover of a dead run
-            _mark(kept.fd, b"kept " + _maker(self.fs))
-            kept = None if self.removed else kept
-        elif kept is not None and not kept.populated() and self.home.remove_child(kept):
-            kept = None
+        kept = look is not None and look.scope.reach is None
+        if kept:
+            _mark(self.cgroup.fd, b"kept " + _maker(self.fs))
         return {"containment": "cgroup", "cgroup": self.cgroup.path, "usage": usage,
-                "kept_cgroup": kept.path if kept is not None else None,
+                "kept_cgroup": self.cgroup.path if kept and not self.removed else None,
                 "limits_set": self.limits_set}
 
     def close(self):
@@ -3576,28 +3470,29 @@ def _run_and_end(run):
             _note_exec_failure(run)
             _enter(run, "done")
             return
-        keep, containment = _keep_what(run), run.containment
+        containment = run.containment
         if run.outcome.stop_reason is not None:
             if run.report.fd is not None:  # not read to EOF: it may not have exec'd yet
                 containment.join(run.pid)
             _say(run, "stopping the run: %s; %s" % (_why_stopped(run), _first_signal(run)))
             endtime = _enter(run, "terminating")
-            run.look = containment.look(keep, run.pid, endtime)
+            run.look = containment.look(False, run.pid, endtime)  # a stop keeps nothing
             if run.outcome.stop_reason == "cpu_time":  # no grace: it would spend CPU -k long
                 run.outcome.killed = True  # (test_limits.py::test_cpu_time_holds_its_bound_...)
             else:
                 _stop_and_wait(run, run.look, endtime)
             _kill_command(run, _enter(run, "killing"))
         else:
-            run.look = containment.look(keep, run.pid, _now() + run.plan.cleanup_timeout)
+            run.look = containment.look(_keeps_everything(run), run.pid,
+                                        _now() + run.plan.cleanup_timeout)
             if run.look.found:
                 _stop_and_wait(run, run.look, _enter(run, "terminating"))
             else:
                 containment.stop(run.look, 0, _now()).close()  # nothing to end: let the kept run on
         if run.look.scope.reach is not None:
-            _drain(run, run.look, _enter(run, "draining"))
+            _drain(run, _enter(run, "draining"))
         _enter(run, "done")
-        _finish(run, run.look)
+        _finish(run)
     except Exception as e:
         if run.pid is None:
             raise  # the fork itself failed: nothing started, nothing to end
@@ -3976,19 +3871,13 @@ def _first_signal(run):
 
 # --- The phases: the stop, the drain --------------------------------------------------------------
 
-def _keep_what(run):
-    """What the policy keeps out of the drain, for this ending.
-    drain-all: nothing. keep-services: at a forced stop the detached
-    services (our children outside the group, adopted before the decision);
-    at a natural exit every process outside the group.
-    preserve-descendants-on-success: everything, when the command exited by
-    itself with status 0 and nothing stopped the run; else nothing."""
-    policy, forced = run.plan.policy, run.outcome.stop_reason is not None
-    if policy == "keep-services":
-        return _KEEP_DETACHED if forced else _KEEP_OUTSIDE_GROUP
-    if policy == "preserve-descendants-on-success" and not forced and _succeeded(run):
-        return _KEEP_EVERYTHING
-    return _KEEP_NOTHING
+def _keeps_everything(run):
+    """Does the policy keep every process of the run out of the drain, for
+    this ending? Only preserve-descendants-on-success, when the command
+    exited by itself with status 0 and nothing stopped the run; anything
+    else drains everything (drain-all, the default, always does)."""
+    return (run.plan.policy == "preserve-descendants-on-success"
+            and run.outcome.stop_reason is None and _succeeded(run))
 
 
 def _succeeded(run):
@@ -4023,31 +3912,29 @@ def _kill_command(run, endtime):
         _wait(run, endtime)  # SIGCHLD wakes us
 
 
-def _drain(run, look, endtime):
+def _drain(run, endtime):
     """draining: SIGKILL everything in scope, round after round, until a
     stable look finds nothing alive, within one budget; then a last SIGKILL
     pass and the confirming look, within _FINAL_PASS_LIMIT."""
-    outcome, containment = run.outcome, run.containment
-    outcome.survivors, outcome.stable = _drain_rounds(run, look, endtime)
+    outcome, containment, scope = run.outcome, run.containment, _scope(run)
+    outcome.survivors, outcome.stable = _drain_rounds(run, scope, endtime)
     if outcome.stable and not outcome.survivors:
         return
     outcome.killed = True
     final_endtime = _now() + _FINAL_PASS_LIMIT
-    containment.drain_round(_scope_now(run, look, final_endtime), final_endtime).close()
-    outcome.survivors, outcome.stable = containment.confirm(
-        _scope_now(run, look, final_endtime), final_endtime, None)
+    containment.drain_round(scope, final_endtime).close()
+    outcome.survivors, outcome.stable = containment.confirm(scope, final_endtime, None)
 
 
-def _drain_rounds(run, look, endtime):
+def _drain_rounds(run, scope, endtime):
     """Drain rounds until one is confirmed, or endtime: (alive, stable) of
     the last confirmation tried."""
     containment, outcome = run.containment, ([], False)
     while _now() < endtime:
-        round_ = containment.drain_round(_scope_now(run, look, endtime), endtime)
+        round_ = containment.drain_round(scope, endtime)
         try:
             if round_.clear:
-                outcome = containment.confirm(_scope_now(run, look, endtime), endtime,
-                                              round_.walk)
+                outcome = containment.confirm(scope, endtime, round_.walk)
                 if outcome[1] and not outcome[0]:
                     return outcome
             _wait_for(run, round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
@@ -4056,32 +3943,22 @@ def _drain_rounds(run, look, endtime):
     return outcome
 
 
-def _scope_now(run, look, endtime):
-    """What the drain covers now, asked before every round, confirmation and
-    census, as what is kept can change (docs/design.md, "The cgroup");
-    before any look (a failure of ours), all of the run."""
-    return _Scope(run.pid) if look is None else run.containment.scope_now(look, endtime)
+def _scope(run):
+    """What the drain covers: the look's scope; before any look (a failure
+    of ours), all of the run."""
+    return run.look.scope if run.look is not None else _Scope(run.pid)
 
 
 # --- The phases: done, the account ----------------------------------------------------------------
 
-def _finish(run, look):
-    """done: the run is drained; now the command's zombie may go. What is
-    kept is what is alive now; then one last look, as kept services ran
-    free since the confirming one: a process one of them handed us (it
-    died) is the run's, alive. A look cut short claims nothing."""
+def _finish(run):
+    """done: the run is drained (or all of it kept); now the command's
+    zombie may go. What is kept is what is alive now; what the caller's
+    jobs' groups adopted, and the --user uid's processes outside the run,
+    are looked at last."""
     _reap_command(run)
-    containment, outcome = run.containment, run.outcome
-    endtime = _now() + _FINISH_LIMIT
-    outcome.preserved = containment.preserved(look, endtime)
-    while not outcome.survivors and outcome.stable:
-        # A look disturbed (a kept service died, handing its children to a
-        # list read before) is taken again; one cut short claims nothing.
-        outcome.survivors, whole = containment.census(_scope_now(run, look, endtime), endtime)
-        if whole or outcome.survivors:
-            break
-        if _now() >= endtime:
-            outcome.stable = False
+    outcome = run.outcome
+    outcome.preserved = run.containment.preserved(run.look, _now() + _FINISH_LIMIT)
     outcome.unattributed = [p for p in run.callers.unattributed.values() if run.fs.alive(p)]
     if run.plan.user is not None and run.plan.user.switching:
         outcome.foreign = _foreign_processes(run, _now() + _FINISH_LIMIT)
@@ -4166,8 +4043,7 @@ def _note_survivors(run):
     if not outcome.survivors and not _confirmed(outcome):
         try:
             endtime = _now() + _CENSUS_LIMIT
-            outcome.survivors, whole = run.containment.census(
-                _scope_now(run, run.look, endtime), endtime)
+            outcome.survivors, whole = run.containment.census(_scope(run), endtime)
         except Exception:  # a look that failed (or what failed the run): count unknown
             whole = False
     outcome.survivors_count = len(outcome.survivors) if whole else None
@@ -4288,7 +4164,7 @@ def _fail(run, error):
 
 def _drain_after_failure(run, endtime):
     try:
-        _drain(run, run.look, endtime)
+        _drain(run, endtime)
     except Exception:
         pass  # what failed may fail again: the receipt already says not confirmed
 
@@ -4853,8 +4729,6 @@ _OPTIONS = (
     (("--preserve-descendants-on-success",), "policy", POLICIES,
      "preserve-descendants-on-success", True, "after a natural exit 0, keep every process "
      "of the run; else drain all"),
-    (("--keep-services",), "policy", POLICIES, "keep-services", True, "keep what COMMAND "
-     "detached (at an exit: all outside its group)"),
     (("--preserve-status",), "preserve_status", "flag", False, True,
      "exit with COMMAND's status even when the run was stopped (125 still wins)"),
     (("-v", "--verbose"), "verbose", "flag", False, True,
@@ -4905,6 +4779,9 @@ _REFUSED = {"--foreground": "--foreground is not supported: the command gets the
             "whenever the supervisor is in the terminal's foreground, and a stop ends every "
             "process of the run, its children too; drop the option"}
 _REFUSED["-f"] = _REFUSED["--foreground"]
+_REFUSED["--keep-services"] = ("--keep-services is gone (3.2.0): a stop ends every process of "
+                               "the run; --preserve-descendants-on-success keeps all of a run "
+                               "whose command exited 0 by itself")
 
 
 def _help():

@@ -112,8 +112,6 @@ needs_cgroup = pytest.mark.skipif(not HAS_CGROUP, reason="needs a writable cgrou
                                   "(root, and grep cgroup2 /proc/self/mountinfo)")
 # What the default containment (auto) is here.
 DEFAULT_CONTAINMENT = "cgroup" if HAS_CGROUP else "children"
-# Options that keep the services a run detached (the policy before 2.0).
-KEEP = ["--keep-services"]
 
 
 @pytest.fixture(params=["cgroup", "children"])

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 
 from conftest import (
-    KEEP, PY, ROOT, alive, finish, kill_all, read_lines, read_receipt, run, run_supervisor,
+    PY, ROOT, alive, finish, kill_all, read_lines, read_receipt, run, run_supervisor,
     start_supervisor, wait_until,
 )
 
@@ -29,19 +29,17 @@ def test_supervise_takes_the_clis_choices_and_writes_the_receipt(paths):
             # The trap first, and a deadline a loaded machine's sh reaches it by.
             "r = s.supervise(['sh', '-c', 'trap \"exit 9\" INT; "
             "setsid -f sleep 300 >/dev/null 2>&1; while :; do sleep 0.05; done'], 2, 2, workdir=%r, "
-            "policy='keep-services', stop_signal='INT', receipt=%r, verbose=True)\n"
+            "policy='preserve-descendants-on-success', stop_signal='INT', receipt=%r, "
+            "verbose=True)\n"
             "print(json.dumps(r))\n" % (str(paths.work), str(paths.receipt)))
     result = run_python(code)
     returned, written = json.loads(result.stdout), read_receipt(paths.receipt)
-    kept = [p["pid"] for p in written["preserved"]]
-    try:
-        assert returned == written and "stale" not in written
-        assert written["policy"] == "keep-services" and written["stop_signal"] == "SIGINT"
-        assert written["return_code"] == 9 and written["exit_status"] == 124
-        assert len(kept) == 1 and alive(kept[0])
-        assert "stopping the run: the deadline passed" in result.stderr  # verbose
-    finally:
-        kill_all(kept)
+    assert returned == written and "stale" not in written
+    assert written["policy"] == "preserve-descendants-on-success"
+    assert written["stop_signal"] == "SIGINT" and written["preserved"] == []  # a stop keeps none
+    assert written["return_code"] == 9 and written["exit_status"] == 124
+    assert written["drained_count"] >= 2 and written["cleanup_confirmed"] is True
+    assert "stopping the run: the deadline passed" in result.stderr  # verbose
 
 
 def test_supervise_refuses_a_receipt_inside_the_workdir_and_bad_choices(paths):
@@ -92,18 +90,20 @@ def test_end_kept_ends_what_a_receipt_kept_and_leaves_a_reused_pid_alone(paths, 
     test's own sleep under that pid's name) is left alone, and said, and
     what that kept process started cannot be found: not all gone."""
     script = ("setsid -f sh -c 'sleep 300 & echo child $!; echo service $$; exec sleep 300'; "
-              "echo started; exec sleep 300")
-    proc = start_supervisor(*paths.options(cleanup=1, stop=True) + KEEP + [
-        "--containment", "proc", "--", "sh", "-c", script])
-    lines = read_lines(proc.stdout, 3)
+              "read line; exit 0")
+    proc = start_supervisor(*paths.options(cleanup=1) + [
+        "--preserve-descendants-on-success", "--containment", "proc", "--", "sh", "-c", script],
+        stdin=subprocess.PIPE)
+    lines = read_lines(proc.stdout, 2)
     pids = dict(line.split() for line in lines if len(line.split()) == 2)
     service, child = int(pids["service"]), int(pids["child"])
-    paths.stop.write_text("")
+    proc.stdin.write(b"go\n")
+    proc.stdin.close()
     status, _, err = finish(proc)
     bystander = subprocess.Popen(["sleep", "300"])
     try:
         receipt = read_receipt(paths.receipt)
-        assert status == 124 and [p["pid"] for p in receipt["preserved"]] == [service], err
+        assert status == 0 and [p["pid"] for p in receipt["preserved"]] == [service], err
         # As if the bystander's pid had been reused from a kept process.
         receipt["preserved"].append({"pid": bystander.pid, "start_time": 1, "command": ["x"]})
         forged = tmp_path / "receipt.json"

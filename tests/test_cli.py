@@ -96,7 +96,7 @@ def test_end_kept_with_a_command_is_refused(sandbox):
     refused(sandbox, ["--end-kept", sandbox["top"] / "r.json", "--", "true"], must_name="--end-kept")
 
 
-@pytest.mark.parametrize("flag", ["--verbose=1", "--keep-services=yes"])
+@pytest.mark.parametrize("flag", ["--verbose=1", "--drain-all=yes"])
 def test_a_flag_with_a_value_is_refused(sandbox, flag):
     refused(sandbox, [flag] + good(sandbox), must_name=flag.partition("=")[0])
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import (
-    DEFAULT_CONTAINMENT, KEEP, PY, ROOT, alive, finish, heavy, kill_all, plain_signals,
+    DEFAULT_CONTAINMENT, PY, ROOT, alive, finish, heavy, kill_all, plain_signals,
     read_lines_until, read_receipt, run, run_supervisor, running, spawn, start_supervisor,
     start_tree, supervisor_cmd, wait_until,
 )
@@ -153,27 +153,23 @@ def test_preserve_status_keeps_the_commands_status(paths):
 
 def test_verbose_says_when_the_run_is_stopped_and_how_it_ended(paths):
     script = "setsid -f sleep 300; sleep 300 & echo started; exec sleep 300"
-    proc = start_supervisor("-v", *paths.options(timeout=600, cleanup=1, stop=True) + KEEP + [
+    proc = start_supervisor("-v", *paths.options(timeout=600, cleanup=1, stop=True) + [
         "--", "sh", "-c", script])
     read_lines_until(proc.stdout, "started")
     assert wait_until(lambda: len(running(proc.pid, [b"sleep", b"300"])) == 3)  # execs done
     paths.stop.write_text("")
-    status, _, err = finish(proc)  # the kept service holds the pipes open: no EOF
+    status, _, err = finish(proc)
     receipt = read_receipt(paths.receipt)
-    kept = receipt["preserved"][0]["pid"]
-    try:
-        assert status == 124
-        started, *lines = err.splitlines()
-        assert started.startswith("treereap: started: pid %d, in " % receipt["pid"])
-        # A line when the grace runs out (SIGKILL needed): a loaded machine may get there.
-        assert len(lines) == 2 or (len(lines) == 3 and "SIGKILL" in lines[1]), err
-        assert lines[0].startswith("treereap: stopping the run: the stop file")
-        assert "SIGTERM to the run" in lines[0]
-        assert lines[-1].startswith("treereap: done: stop_file, exit status 124")
-        assert "%d drained" % receipt["drained_count"] in lines[-1]
-        assert "1 kept (%d sleep)" % kept in lines[-1] and "cleanup confirmed" in lines[-1]
-    finally:
-        kill_all([kept])
+    assert status == 124
+    started, *lines = err.splitlines()
+    assert started.startswith("treereap: started: pid %d, in " % receipt["pid"])
+    # A line when the grace runs out (SIGKILL needed): a loaded machine may get there.
+    assert len(lines) == 2 or (len(lines) == 3 and "SIGKILL" in lines[1]), err
+    assert lines[0].startswith("treereap: stopping the run: the stop file")
+    assert "SIGTERM to the run" in lines[0]
+    assert lines[-1].startswith("treereap: done: stop_file, exit status 124")
+    assert "%d drained" % receipt["drained_count"] in lines[-1]
+    assert "0 kept" in lines[-1] and "cleanup confirmed" in lines[-1]
 
 
 def test_without_verbose_a_stopped_run_is_quiet(paths):
@@ -216,8 +212,9 @@ def test_drain_all_leaves_no_test_server_behind(paths, forced):
     assert set(servers) <= set(p["pid"] for p in receipt["drained"])
 
 
-def test_with_keep_services_the_servers_are_kept_and_said_so(paths):
-    proc = start_supervisor(*paths.options() + KEEP + ["--", "sh", "-c", SERVERS + "exit 0"])
+def test_preserve_on_success_keeps_the_servers_and_says_so(paths):
+    proc = start_supervisor(*paths.options() + ["--preserve-descendants-on-success", "--", "sh",
+                                                "-c", SERVERS + "exit 0"])
     status, _, err = finish(proc)
     servers = [int(line.split()[1]) for line in (paths.work / "servers").read_text().splitlines()]
     try:
@@ -294,7 +291,7 @@ def test_help_teaches_what_the_readme_does():
     for fragment in ("drained", "TERM, INT, HUP",
                      "EACH of the three cleanup phases", "COMMAND never starts",
                      "cleanup_confirmed", "preserved", "exit_status", "--drain-all",
-                     "--preserve-descendants-on-success", "--keep-services", "--containment",
+                     "--preserve-descendants-on-success", "--containment",
                      "--end-kept", "--signal", "--kill-after", "--preserve-status",
                      "--verbose", "137"):
         assert fragment in text, fragment

@@ -1,5 +1,5 @@
 """The kernel's own containment: the run in a cgroup of its own. What it
-keeps survives cgroup.kill in a sibling cgroup the receipt names; what left
+keeps stays there, named by the receipt, for the owner to end; what left
 the cgroup is still found; nested supervisors nest their cgroups; where no
 cgroup can be made, auto falls back to the /proc walk and `cgroup` refuses.
 
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import (
-    CGROUP_ROOT, IS_ROOT, KEEP, PY, alive, finish, kill_all, kill_pinned, needs_cgroup, read_lines,
+    CGROUP_ROOT, IS_ROOT, PY, alive, finish, kill_all, kill_pinned, needs_cgroup, read_lines,
     read_lines_until,
     read_receipt, run, run_supervisor, spawn, start_supervisor, supervisor_cmd, wait_until,
 )
@@ -69,30 +69,26 @@ def test_the_run_is_in_a_cgroup_of_its_own_and_it_is_removed_at_the_end(paths):
 
 
 @needs_cgroup
-def test_a_service_kept_in_a_cgroup_outlives_the_run_and_the_owner_ends_it_all(paths):
-    """--keep-services: the service and its child are moved, while the run is
-    frozen, to the sibling cgroup for what the run keeps, and survive
-    cgroup.kill. The kept cgroup stays while it holds them; --end-kept ends
-    all of it at once, even a descendant whose parent died (no pid chain
-    leads to it any more)."""
-    script = ("setsid -f sh -c 'sleep 300 & echo child $!; echo service $$; exec sleep 300'; "
-              "sleep 300 & echo started; wait")
-    proc = start_supervisor(*paths.options(cleanup=1, stop=True) + KEEP + CGROUP + [
-        "--", "sh", "-c", script])
-    lines = read_lines(proc.stdout, 3)  # child, service, started: in any order
-    pids = dict(line.split() for line in lines if len(line.split()) == 2)
+def test_what_a_run_kept_outlives_it_in_its_cgroup_and_the_owner_ends_it_all(paths):
+    """--preserve-descendants-on-success, an exit 0: the run's cgroup is the
+    kept one, and stays while it holds the service and its child; --end-kept
+    ends all of it at once, even a descendant whose parent died (no pid
+    chain leads to it any more)."""
+    script = "setsid -f sh -c 'sleep 300 & echo child $!; echo service $$; exec sleep 300'"
+    proc = start_supervisor(*paths.options(cleanup=1) + ["--preserve-descendants-on-success"]
+                            + CGROUP + ["--", "sh", "-c", script])
+    lines = read_lines(proc.stdout, 2)  # child, service: in any order
+    pids = dict(line.split() for line in lines)
     service, child = int(pids["service"]), int(pids["child"])
-    paths.stop.write_text("")
     status, _, err = finish(proc)
     receipt = read_receipt(paths.receipt)
     try:
-        assert status == 124, err
+        assert status == 0, err
         assert receipt["cleanup_confirmed"] is True
         assert [p["pid"] for p in receipt["preserved"]] == [service]
         kept = receipt["kept_cgroup"]
-        assert kept and ".kept-" in kept and os.path.isdir(cgroup_dir(kept))
+        assert kept == receipt["cgroup"] and os.path.isdir(cgroup_dir(kept))
         assert sorted(cgroup_procs(kept)) == sorted([service, child])
-        assert not os.path.exists(cgroup_dir(receipt["cgroup"]))
         os.kill(service, signal.SIGKILL)  # the child loses its parent: only the cgroup holds it
         assert wait_until(lambda: not alive(service))
         ended = run_supervisor("--end-kept", paths.receipt, "-k", "5")
@@ -382,37 +378,6 @@ def test_the_supervisor_written_into_the_runs_cgroup_moves_back_out(paths):
     assert result.returncode == 124, result.stderr
     receipt = read_receipt(paths.receipt)
     assert receipt["cleanup_confirmed"] is True and receipt["duration_s"] < 4.5
-
-
-@needs_cgroup
-def test_a_kept_cgroup_made_in_advance_changes_nothing(paths):
-    """The kept cgroup's name is the run's and random bytes: one a root
-    command made in advance under the run's name and .kept cannot make the
-    keep fail (it did: FileExistsError, 125, the kept services killed)."""
-    script = ("mkdir $cg.kept; echo $cg.kept > planted; "
-              "setsid -f sh -c 'echo $$ > service; exec sleep 300' >/dev/null 2>&1; "
-              "while [ ! -s service ]; do sleep 0.01; done; echo started; exec sleep 30")
-    proc = start_supervisor(*paths.options(cleanup=1, stop=True) + KEEP + CGROUP + [
-        "--"] + in_the_runs_cgroup(script))
-    read_lines_until(proc.stdout, "started")
-    paths.stop.write_text("")
-    status, _, err = finish(proc)
-    service = int((paths.work / "service").read_text())
-    planted = (paths.work / "planted").read_text().strip()
-    receipt = {}
-    try:
-        assert status == 124, err
-        receipt = read_receipt(paths.receipt)
-        assert receipt["cleanup_confirmed"] is True and alive(service)
-        assert [p["pid"] for p in receipt["preserved"]] == [service]
-        assert ".kept-" in receipt["kept_cgroup"]
-    finally:
-        kill_all([service])
-        kept = receipt.get("kept_cgroup")
-        for directory in ([cgroup_dir(kept)] if kept else []) + [planted]:
-            if os.path.isdir(directory):
-                assert wait_until(lambda: not open(directory + "/cgroup.procs").read().split())
-                os.rmdir(directory)
 
 
 @needs_cgroup

@@ -78,8 +78,8 @@ def test_a_limit_whose_controller_is_not_in_cgroup_v2_is_refused(paths, option, 
     (["--cpu-time", "-1"], "--cpu-time: '-1' is not a positive duration"),
     (["--max-output", "1M"], "--max-output: needs --output FILE"),
     (["--output", "OUT", "--max-output", "1000"], "--max-output: at least 1K"),
-    (["--output", "OUT", "--max-output", "1M", "--keep-services"],
-     "--max-output: not with --keep-services"),
+    (["--output", "OUT", "--max-output", "1M", "--preserve-descendants-on-success"],
+     "--max-output: not with --preserve-descendants-on-success"),
 ])
 def test_limit_options_are_checked(paths, args, words):
     args = [str(paths.work.parent / "out.log") if a == "OUT" else a for a in args]

@@ -3,8 +3,7 @@
 drain-all (the default): nothing, at a natural exit and at a forced stop.
 --preserve-descendants-on-success (NeMo Gym's spelling): everything, when the
 command exits 0 by itself and nothing stopped the run; any other ending
-drains everything. --keep-services: the detached services (tests in
-test_run.py, test_drain.py, test_trees.py)."""
+drains everything. (--keep-services, 1.x's default, is gone.)"""
 import pytest
 
 from conftest import (
@@ -44,8 +43,17 @@ def test_drain_all_is_the_default_and_drains_everything_at_a_natural_exit(paths,
 def test_drain_all_is_accepted_as_a_synonym_and_two_policies_are_refused(paths):
     result = run_supervisor(*paths.options() + ["--drain-all", "--", "true"])
     assert result.returncode == 0 and read_receipt(paths.receipt)["policy"] == "drain-all"
-    result = run_supervisor(*paths.options() + ["--keep-services"] + PRESERVE + ["--", "true"])
+    result = run_supervisor(*paths.options() + ["--drain-all"] + PRESERVE + ["--", "true"])
     assert result.returncode == 125 and "choose one policy" in result.stderr
+
+
+def test_keep_services_is_gone_and_says_what_to_use_instead(paths):
+    """--keep-services (1.x's default) kept what the command detached, at a
+    stop too: gone in 3.2.0. A stop ends every process of the run."""
+    result = run_supervisor(*paths.options() + ["--keep-services", "--", "true"])
+    assert result.returncode == 125 and result.stderr.count("\n") == 1, result.stderr
+    assert "--preserve-descendants-on-success" in result.stderr
+    assert not paths.receipt.exists()
 
 
 def test_preserve_on_success_keeps_everything_after_a_clean_exit(paths, containment):

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from conftest import (
-    DEFAULT_CONTAINMENT, IS_ROOT, KEEP, PY, ROOT, alive, descendants, finish, heavy, inotify_watches, kill_all, plain_signals,
+    DEFAULT_CONTAINMENT, IS_ROOT, PY, ROOT, alive, descendants, finish, heavy, inotify_watches,
+    plain_signals,
     proc_stat, read_lines, read_lines_until, read_receipt, run, run_supervisor, start_supervisor,
     start_tree, stop_noticed_after, wait_until,
 )
@@ -228,24 +229,6 @@ def test_natural_exit_drains_everything_by_default(paths):
     assert receipt["policy"] == "drain-all"
 
 
-def test_natural_exit_keeps_a_detached_service_with_keep_services(paths):
-    spec = {"name": "cmd", "exit_early": True, "children": [
-        {"name": "service", "detach": True, "session": True,
-         "children": [{"name": "worker"}]},
-        {"name": "member"}]}
-    proc, nodes = start_tree(spec, *paths.options() + KEEP)
-    status, _, err = finish(proc)
-    try:
-        assert status == 0, err
-        assert alive(nodes["service"]) and alive(nodes["worker"])
-        assert not alive(nodes["member"])
-        receipt = read_receipt(paths.receipt)
-        assert [p["pid"] for p in receipt["preserved"]] == [nodes["service"]]
-        assert receipt["cleanup_confirmed"] is True
-    finally:
-        kill_all([nodes["service"], nodes["worker"]])
-
-
 def test_natural_exit_drains_a_stopped_member(paths):
     spec = {"name": "cmd", "exit_early": True,
             "children": [{"name": "frozen", "stop_self": True}]}
@@ -256,7 +239,7 @@ def test_natural_exit_drains_a_stopped_member(paths):
     assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
 
 
-# --- Forced stop: keep what was detached before, drain everything after ------------------------
+# --- Forced stop: drain everything ------------------------------------------------------------
 
 def stop_tree(spec, paths, cleanup=2, extra=(), **kwargs):
     """Start a tree, let it settle, stop it through the stop file."""
@@ -269,21 +252,16 @@ def stop_tree(spec, paths, cleanup=2, extra=(), **kwargs):
     return status, nodes, err
 
 
-def test_forced_stop_keeps_a_detached_service_with_keep_services(paths):
+def test_forced_stop_drains_a_detached_service_whatever_the_policy(paths):
     spec = {"name": "cmd", "children": [
         {"name": "service", "detach": True, "session": True, "children": [{"name": "worker"}]},
         {"name": "member"}]}
-    status, nodes, err = stop_tree(spec, paths, extra=KEEP)
-    try:
-        assert status == 124, err
-        assert alive(nodes["service"]) and alive(nodes["worker"])
-        assert not alive(nodes["member"]) and not alive(nodes["cmd"])
-        receipt = read_receipt(paths.receipt)
-        assert receipt["preserved"][0]["pid"] == nodes["service"]
-        assert receipt["preserved"][0]["name"] == os.path.basename(PY)[:15]
-        assert receipt["cleanup_confirmed"] is True
-    finally:
-        kill_all([nodes["service"], nodes["worker"]])
+    status, nodes, err = stop_tree(spec, paths, extra=["--preserve-descendants-on-success"])
+    assert status == 124, err
+    assert not any(alive(pid) for pid in nodes.values())
+    receipt = read_receipt(paths.receipt)
+    assert receipt["preserved"] == [] and receipt["cleanup_confirmed"] is True
+    assert sorted(p["pid"] for p in receipt["drained"]) == sorted(nodes.values())
 
 
 def test_forced_stop_drains_a_tool_in_another_session(paths):

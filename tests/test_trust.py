@@ -21,7 +21,7 @@ import time
 import pytest
 
 from conftest import (
-    HAS_CGROUP, IS_ROOT, KEEP, PY, SUPERVISOR, alive, finish, kill_all, plain_signals,
+    HAS_CGROUP, IS_ROOT, PY, SUPERVISOR, alive, finish, kill_all, plain_signals,
     proc_stat, read_lines, read_lines_until, read_receipt, run, run_supervisor, spawn,
     start_supervisor, stop_noticed_after, supervisor_cmd, wait_until,
 )
@@ -206,7 +206,7 @@ def test_a_tmpfs_mounted_over_proc_by_the_command_changes_nothing(paths, stop):
               "while [ $(wc -l < pids) -lt 2 ]; do sleep 0.01; done; "
               "mount -t tmpfs tmpfs /proc; echo hidden; "
               + ("exec sleep 300" if stop else "exit 0"))
-    options = paths.options(cleanup=0.5, stop=stop) + KEEP
+    options = paths.options(cleanup=0.5, stop=stop)
     pids_file = paths.work / "pids"
     inner = supervisor_cmd(*options + ["--", "sh", "-c", script])
     proc = spawn(["unshare", "--mount", "--propagation", "private", "sh", "-c",
@@ -218,11 +218,8 @@ def test_a_tmpfs_mounted_over_proc_by_the_command_changes_nothing(paths, stop):
     pids = dict(line.split() for line in pids_file.read_text().splitlines())
     receipt = read_receipt(paths.receipt)
     assert receipt["cleanup_confirmed"] is True, err
-    # A natural exit keeps the tool in its own session as a service; a stop drains it.
-    assert not alive(int(pids["member"]))
-    assert alive(int(pids["tool"])) is not stop
-    assert [p["pid"] for p in receipt["preserved"]] == ([] if stop else [int(pids["tool"])])
-    kill_all([int(pids["tool"])])
+    assert not alive(int(pids["member"])) and not alive(int(pids["tool"]))
+    assert receipt["preserved"] == []
 
 
 # --- 7, 8, 9. A receipt nobody can forge or move ---------------------------------------------------
@@ -382,22 +379,23 @@ def test_a_receipt_directory_writable_but_not_readable_works(open_dir):
 # --- 12. preserved is true when written -------------------------------------------------------------
 
 def test_preserved_lists_only_services_alive_when_the_receipt_is_written(paths):
+    """Everything kept (an exit 0, --preserve-descendants-on-success): the
+    receipt lists what is alive when it is written, each with its start
+    time and name; a service that ended before is not listed."""
     script = ("setsid -f sh -c 'echo keeps $$; exec sleep 300'; "
-              "setsid -f sh -c 'trap \"exit 0\" TERM; echo quits $$; while :; do sleep 0.01; done'; "
-              "trap 'echo TERM' TERM; echo started; while :; do sleep 30 & wait; done")
-    proc = start_supervisor(*paths.options(cleanup=60) + KEEP + ["--", "sh", "-c", script])
-    lines = read_lines(proc.stdout, 3)  # keeps, quits, started: in any order
-    pids = dict(line.split() for line in lines if line.split()[0] in ("keeps", "quits"))
+              "setsid -f sh -c 'echo quits $$; exec sleep 300'; read line; exit 0")
+    proc = start_supervisor(*paths.options() + ["--preserve-descendants-on-success", "--", "sh",
+                                                "-c", script], stdin=subprocess.PIPE)
+    lines = read_lines(proc.stdout, 2)  # keeps, quits: in any order
+    pids = dict(line.split() for line in lines)
     keeps, quits = int(pids["keeps"]), int(pids["quits"])
-    proc.send_signal(signal.SIGTERM)
-    read_lines_until(proc.stdout, "TERM")  # the services are noted: both are kept
-    # The quitter ends during the grace; then a second stop signal hurries the stop.
     os.kill(quits, signal.SIGTERM)
     assert wait_until(lambda: not alive(quits))
-    proc.send_signal(signal.SIGINT)
+    proc.stdin.write(b"go\n")
+    proc.stdin.close()
     status, _, err = finish(proc)
     try:
-        assert status == 137, err  # the command lived through the grace: SIGKILL
+        assert status == 0, err
         receipt = read_receipt(paths.receipt)
         assert [p["pid"] for p in receipt["preserved"]] == [keeps]
         assert receipt["preserved"][0]["start_time"] == proc_stat(keeps)[4]
@@ -848,7 +846,7 @@ import os, signal, sys, time
 supervisor, command = int(sys.argv[1]), sys.argv[2].encode()
 if os.fork():
     os._exit(0)
-os.setsid()  # a detached service, kept at the stop
+os.setsid()  # a detached service, kept with everything
 open("service", "w").write("%d\n" % os.getpid())
 child = os.fork()
 if child == 0:
@@ -865,23 +863,23 @@ os._exit(0)  # die now, and hand the child over to it
 
 @needs_root
 def test_a_kept_service_that_dies_at_the_end_cannot_leave_an_uncounted_child(paths):
-    """The service waits for the supervisor to reap the command, at done,
-    then dies: its child is adopted after the last drain. Whatever the timing,
+    """Everything kept (an exit 0, --preserve-descendants-on-success): the
+    service waits for the supervisor to reap the command, at done, then
+    dies: its child is adopted after what is kept was listed. Whatever the timing,
     the receipt must keep it (the service listed), or count it (a survivor):
     never confirmed with nothing preserved while it runs on."""
     for _ in range(2):
-        script = "%s -c '%s' $PPID $$; exec sleep 60" % (
+        script = "%s -c '%s' $PPID $$; while [ ! -s service ]; do sleep 0.01; done; exit 0" % (
             shlex.quote(PY), LATE_HANDOVER.replace("'", "'\"'\"'"))
-        proc = spawn_to_files(supervisor_cmd(*paths.options(cleanup=1, stop=True) + KEEP + [
+        proc = spawn_to_files(supervisor_cmd(*paths.options(cleanup=1) + [
+            "--preserve-descendants-on-success",
             "--", "sh", "-c", script]), paths.work.parent)
         assert wait_until(lambda: (paths.work / "child").exists()
                           and (paths.work / "child").read_text().endswith("\n"), timeout=60)
         child = int((paths.work / "child").read_text())
         service = int((paths.work / "service").read_text())
         (paths.work / "child").unlink()
-        paths.stop.write_text("")
         finish_to_files(proc, paths.work.parent)
-        paths.stop.unlink()
         receipt = read_receipt(paths.receipt)
         preserved = [p["pid"] for p in receipt["preserved"]]
         try:
@@ -899,51 +897,7 @@ def test_a_kept_service_that_dies_at_the_end_cannot_leave_an_uncounted_child(pat
             assert outcome in ("gone", "survivor", "kept")
         finally:
             kill_all([child] + preserved)
-
-
-LEAVES_ON_TERM = r"""
-import os, signal, time
-r, w = os.pipe()
-if os.fork() == 0:  # the service: it leaves the group, its child stays in it
-    if os.fork() == 0:
-        signal.signal(signal.SIGTERM, lambda *a: os.setpgid(0, 0))  # leaves the group on TERM
-        open("member", "w").write("%d\n" % os.getpid())
-        os.write(w, b"x")
-        while True:
-            signal.pause()
-    os.read(r, 1)
-    os.setpgid(0, 0)
-    open("service", "w").write("%d\n" % os.getpid())
-    while True:
-        signal.pause()
-while not os.path.exists("service"):  # the service left the group
-    time.sleep(0.01)
-"""
-
-
-def test_drained_never_lists_a_process_that_lives_on(paths):
-    """A member of the command's group below a service leaves the group when
-    the natural exit's SIGTERM reaches it: the look had recorded it as one to
-    end, but it lives on, and `drained` must not list it. (The /proc walk: in
-    a cgroup, it was the run's at the decision, and is drained.)"""
-    proc = spawn_to_files(supervisor_cmd(*paths.options(cleanup=60) + KEEP + [
-        "--containment", "proc", "--", PY, "-c", LEAVES_ON_TERM]), paths.work.parent)
-    # A pid file is whole once it ends in a newline (it may be read while written).
-    assert wait_until(lambda: (paths.work / "service").exists()
-                      and (paths.work / "service").read_text().endswith("\n"), timeout=60)
-    member = int((paths.work / "member").read_text())
-    service = int((paths.work / "service").read_text())
-    group = proc_stat(member)[2]
-    try:
-        assert wait_until(lambda: proc_stat(member)[2] != group, timeout=60)  # it left
-        proc.send_signal(signal.SIGTERM)  # after a natural exit: hurry the drain
-        status, _, err = finish_to_files(proc, paths.work.parent)
-        receipt = read_receipt(paths.receipt)
-        assert status == 0, err
-        assert alive(member)
-        assert member not in [p["pid"] for p in receipt["drained"]]
-    finally:
-        kill_all([member, service])
+            (paths.work / "service").unlink()
 
 
 def test_a_refusal_after_the_receipt_check_leaves_no_earlier_receipt(paths):

@@ -168,7 +168,9 @@ while read -r tag dir; do
     mkdir -p "$N$dir" 2>/dev/null
     mount -t 9p -o trans=virtio,version=9p2000.L,cache=none,msize=262144 "$tag" "$N$dir" || echo "vmrig: cannot mount $dir" >&2
 done < $N/run/vmrig/shares
-chroot $N /bin/sh /run/vmrig/stage2.sh
+# Move the new root onto / (as switch_root does) before the chroot: a process that
+# joins a mount namespace with setns (runc/crun exec) then lands in that root.
+(cd $N && mount --move . / && exec chroot . /bin/sh /run/vmrig/stage2.sh)
 sync
 poweroff -f
 '''
