@@ -32,7 +32,7 @@ The file, top to bottom: each section (its banner, `# --- TITLE ---`) and
 its entry points, in the order they stand (tests/test_docs.py checks it):
 
     Constants                        RECEIPT_SCHEMA_VERSION, POLICIES, CONTAINMENTS, STATES
-    Errors and the receipt type      SupervisorError, UsageError, ObservationError, __getattr__
+    Errors and the receipt type      SupervisorError, UsageError, ObservationError, CleanupReceipt
     Linux primitives                 _libc, _pidfd_open, _openat2, _wait_ready, _signalfd
     /proc                            _Proc, _ProcFS (opened once, read without crossing a mount)
     Beside the containment           _Children, _CallersJobs, _Reaper, _FdBudget, _Record
@@ -264,32 +264,9 @@ class ObservationError(SupervisorError):
     look is never an empty one, so the cleanup cannot be confirmed."""
 
 
-def __getattr__(name):
-    """CleanupReceipt, the receipt as a TypedDict, built on first use (PEP 562,
-    3.7+): typing costs ms to import. Before 3.8 a receipt is a dict."""
-    if name != "CleanupReceipt":
-        raise AttributeError("module %r has no attribute %r" % (__name__, name))
-    try:
-        from typing import Optional, TypedDict
-    except ImportError:
-        receipt_type = dict
-    else:
-        s, n, i, f, b, ni, nd = str, Optional[str], int, float, bool, Optional[int], Optional[dict]
-        receipt_type = TypedDict("CleanupReceipt", dict(
-            cleanup_confirmed=b, error=n, return_code=ni, timed_out=b, schema_version=i,
-            supervisor_version=s, python_version=s, command=list, workdir=s, pid=ni,
-            supervisor_pid=i, namespaces=dict, started_at=s, ended_at=s, duration_s=f,
-            timeout_s=f, cleanup_timeout_s=f, stop_reason=s, signal=n, oom_killed_by=n,
-            exit_status=i, policy=s, stop_signal=n, cleanup_s=f, ladder=list, containment=s,
-            cgroup=n, kept_cgroup=n, cgroup_unavailable=n, user=nd, preserved=list,
-            survivors=list, survivors_count=ni, unattributed=list, drained=list,
-            drained_count=i, usage=nd, limits=nd, output=nd))
-    globals()[name] = receipt_type
-    return receipt_type
-
-
-if sys.version_info < (3, 7):  # no module __getattr__ on 3.6
-    CleanupReceipt = dict
+# The receipt: a dict, its keys in the order of _receipt() (every key and its
+# type: docs/reference.md, "The receipt"; tests/test_docs.py holds them to it).
+CleanupReceipt = dict
 
 
 # --- Linux primitives -----------------------------------------------------------------------------
@@ -2813,47 +2790,20 @@ def _check_workdir(workdir):
 def _receipt_target(path, fence):
     """The receipt's target (the earlier receipt removed), refused when it
     cannot be written, or when it would land in the workdir `fence` or below
-    it: judged by the directory held open, from which `..` is walked up
-    (symlinks and `..` as the kernel resolves them; a bind mount of the
-    workdir elsewhere is not seen)."""
+    it: the directory held open, as the kernel names it, against the
+    workdir's real path (symlinks and `..` as the kernel resolves them; a
+    bind mount of the workdir elsewhere is not seen)."""
     try:
         target = _ReceiptTarget(path)
     except OSError as e:
         raise UsageError("--receipt: %s: %s" % (e.filename or path, _os_error_text(e)))
-    try:
-        inside = fence is not None and _walks_up_to(target.dir_fd, fence)
-    except OSError as e:
-        target.close()
-        raise UsageError("--receipt: cannot tell whether %s is inside the workdir %s: %s"
-                         % (path, fence, _os_error_text(e)))
-    if inside:
+    if fence is not None and (target.directory.rstrip("/") + "/").startswith(
+            os.path.realpath(fence).rstrip("/") + "/"):
         target.close()
         raise UsageError("--receipt: %s lands in %s, inside the workdir %s (--workdir DIR; "
                          "without it, the current directory); put the receipt outside it"
                          % (path, target.directory, fence))
     return target
-
-
-def _walks_up_to(dir_fd, directory):
-    """Is directory (a path) the one dir_fd holds, or one above it?"""
-    try:
-        top = os.stat(directory)
-    except OSError:
-        return False
-    fd = os.dup(dir_fd)
-    try:
-        while True:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) == (top.st_dev, top.st_ino):
-                return True
-            parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = parent
-            up = os.fstat(fd)
-            if (up.st_dev, up.st_ino) == (st.st_dev, st.st_ino):
-                return False  # the root
-    finally:
-        os.close(fd)
 
 
 def _check_user(spec, workdir):
