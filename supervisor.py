@@ -173,8 +173,9 @@ _MAX_SELECT_SECONDS = 86400.0
 # A walk that holds pidfds first lifts our soft fd limit and counts what it
 # leaves, less this reserve for reading /proc and our own pipes.
 _FD_RESERVE = 16
-# The stop signal to a cgroup's members: this many pidfds at a time.
-_MEMBER_BATCH = 32
+# The stop signal to a cgroup's members: this many pidfds at a time (and one
+# read of cgroup.procs a batch), within the descriptors the budget allows.
+_MEMBER_BATCH = 256
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Sizes in binary units, as systemd's MemoryMax= and nsjail read them.
@@ -985,12 +986,14 @@ class _Record(object):
     def exited(self, proc):
         self.gone.add(proc.identity)
 
-    def drained(self, survivors):
-        """Those recorded that were seen to exit, or are gone now (one that
-        left the scope, below a kept service, lives on and is not listed)."""
+    def drained(self, survivors, confirmed):
+        """Those recorded that were seen to exit, or are gone now. A confirmed
+        run has nothing of its own alive but what it kept, and what it keeps
+        it never records: all of them, with no look at each (a thousand
+        members cost a thousand reads of /proc at the end)."""
         left = set(p.identity for p in survivors)
-        return [proc for identity, proc in self.ended.items()
-                if identity not in left and (identity in self.gone or not self.fs.alive(proc))]
+        return [proc for identity, proc in self.ended.items() if confirmed or (
+            identity not in left and (identity in self.gone or not self.fs.alive(proc)))]
 
 
 # --- Waiting for processes to go ------------------------------------------------------------------
@@ -2064,11 +2067,11 @@ class _CgroupContainment(object):
         the look saw stopped (so that they act on it once thawed), each
         through a pidfd taken before /proc showed it in the cgroup: never a
         reused pid. Then thaw; the waiter is the kernel's `populated 0`."""
-        pids = self.cgroup.procs()
-        for first in range(0, len(pids), _MEMBER_BATCH):
+        pids, batch = self.cgroup.procs(), max(1, min(_MEMBER_BATCH, self.budget.allowed()))
+        for first in range(0, len(pids), batch):
             if _now() >= endtime:
                 break
-            self._signal_batch(pids[first:first + _MEMBER_BATCH], sig, look.stopped)
+            self._signal_batch(pids[first:first + batch], sig, look.stopped)
         self.cgroup.write("cgroup.freeze", "0")
         return _EventWaiter(self.cgroup, "populated", "0")
 
@@ -2076,7 +2079,7 @@ class _CgroupContainment(object):
         """A pidfd on each, then cgroup.procs read again: a pid listed there
         whose pidfd still shows its process alive was that process's when
         read, so it is a member. One read and one poll() for the batch, not
-        a read of /proc/PID/cgroup each; a few dozen descriptors at once. A
+        a read of /proc/PID/cgroup each; up to _MEMBER_BATCH descriptors. A
         pid with no pidfd (no descriptor left) gets cgroup.kill after the
         grace."""
         pinned = [(pid, fd) for pid, fd in ((pid, self.budget.pidfd(pid)) for pid in pids) if fd]
@@ -4033,8 +4036,8 @@ def _account(run):
     outcome.return_code = _return_code(run.exit_info) if run.exit_info is not None else None
     outcome.usage = _usage(outcome)
     outcome.namespaces = _namespaces(run.fs)
-    outcome.drained = run.record.drained(outcome.survivors)
     outcome.confirmed = _confirmed(outcome)
+    outcome.drained = run.record.drained(outcome.survivors, outcome.confirmed)
     outcome.exit_status = _exit_status(outcome, run.plan)
 
 
