@@ -262,12 +262,14 @@ def test_the_receipt_says_what_the_run_cost(paths):
     usage = read_receipt(paths.receipt)["usage"]
     assert set(usage) == {"source", "cpu_user_s", "cpu_system_s", "max_rss_kib",
                           "memory_peak_kib", "fork_rss_kib", "cpu_usage_s", "cpu_nr_throttled",
-                          "cpu_throttled_s", "memory_events", "pids_peak", "pids_events_max"}
+                          "cpu_throttled_s", "memory_events", "pids_peak", "pids_events_max",
+                          "supervisor_cpu_s"}
     if usage["source"] == "cgroup":  # cpu.stat's own total
         assert usage["cpu_usage_s"] >= usage["cpu_user_s"] + usage["cpu_system_s"] - 0.01
     assert usage["source"] == ("cgroup" if DEFAULT_CONTAINMENT == "cgroup" else "rusage")
     assert 0.25 <= usage["cpu_user_s"] + usage["cpu_system_s"] < 5
     assert usage["max_rss_kib"] > 1000  # a Python process, the largest single one
+    assert 0 < usage["supervisor_cpu_s"] < usage["cpu_user_s"] + usage["cpu_system_s"]
 
 
 # --- / is nobody's workdir ----------------------------------------------------------------------------

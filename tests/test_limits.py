@@ -154,6 +154,21 @@ WRITE_A_GIB = ("import sys; w = sys.stdout.buffer.write; w(b'HEAD\\n'); b = b'x'
                "w(b'\\nLAST LINE\\n'); sys.stdout.flush(); sys.stderr.write('ON STDERR\\n')")
 
 
+def test_a_trickle_of_output_is_kept_whole(paths):
+    """A byte every 200 us for 2 s: after a small read the output's pipe
+    waits 10 ms before it is watched again (one wake-up a byte cost the
+    supervisor twice the writer's CPU: scripts/bench.py measures it), and
+    not a byte is lost, the last ones included."""
+    trickle = ("import os, time\nend = time.monotonic() + 2\nwhile time.monotonic() < end:\n"
+               "    os.write(1, b'x'); time.sleep(0.0002)\nos.write(1, b'END')\n")
+    out = paths.work.parent / "out.log"
+    result = run_supervisor(*paths.options(timeout=60) + [
+        "--output", out, "--max-output", "1M", "--", PY, "-S", "-c", trickle])
+    output = receipt_of(result, paths)["output"]
+    assert result.returncode == 0 and output["bytes_kept"] == output["bytes_seen"] > 1000
+    assert out.read_bytes().endswith(b"xEND") and output["cut"] is False
+
+
 def test_max_output_keeps_the_head_and_the_tail_of_a_gib(paths, containment):
     kind, options = containment
     out = paths.work.parent / "out.log"
