@@ -336,6 +336,7 @@ def _pidfd_open(pid):
     try:
         return _high_fd(_libc().call("syscall", _SYS_PIDFD_OPEN, pid, 0))
     except OSError as e:
+        # test_drain.py::test_without_pidfds_the_walk_still_drains_and_confirms
         if e.errno in (errno.ENOSYS, errno.EPERM):  # old kernel, or seccomp
             return None
         if e.errno == errno.ESRCH:
@@ -405,6 +406,7 @@ def _wait_ready(fds, priority_fds, seconds):
     0 stays 0) serves fds above select's limit and waits beyond a day."""
     seconds = max(seconds, 0.0)
     every = list(fds) + list(priority_fds)
+    # test_cli.py::test_huge_timeout_does_not_overflow_a_wait
     if max(every + [-1]) < _SELECT_FD_LIMIT and seconds < _MAX_SELECT_SECONDS:
         readable, _, changed = select.select(fds, (), priority_fds, seconds)
         return readable + changed
@@ -413,6 +415,7 @@ def _wait_ready(fds, priority_fds, seconds):
         poller.register(fd, select.POLLIN)
     for fd in priority_fds:
         poller.register(fd, select.POLLPRI)
+    # test_cli.py::test_huge_timeout_does_not_overflow_a_wait
     timeout = 0 if seconds == 0 else min(_MAX_POLL_MS, int(seconds * 1000) + 1)
     return [fd for fd, _ in poller.poll(timeout)]
 
@@ -523,6 +526,7 @@ def _complain(message, patient=True):
         poller.register(2, select.POLLOUT)
         if poller.poll(1000 if patient else 0):
             os.write(2, data)
+    # test_unix.py::test_a_broken_stderr_pipe_does_not_change_the_outcome
     except OSError:
         pass
     finally:
@@ -568,6 +572,7 @@ class _Proc(object):
     @property
     def live(self):
         # A zombie leader whose other threads still run is alive.
+        # test_hostile.py::test_a_process_stuck_in_d_state_cannot_stretch_the_bound
         return self.state not in "ZX" or self.threads > 1
 
     @property
@@ -592,6 +597,7 @@ class _ProcFS(_HoldsFd):
         try:
             self.device = os.fstat(self.fd).st_dev
             kind = _filesystem_type(self.fd)
+            # test_trust.py::test_a_proc_that_is_not_procfs_is_refused
             if kind != _PROC_SUPER_MAGIC:
                 raise SupervisorError("/proc is not procfs (filesystem type 0x%x); mount it "
                                       "(mount -t proc proc /proc)" % kind)
@@ -622,6 +628,7 @@ class _ProcFS(_HoldsFd):
         except OSError as e:
             raise SupervisorError("/proc/self: %s; mount /proc (mount -t proc proc /proc)"
                                   % e.strerror)
+        # test_trust.py::test_a_proc_of_another_pid_namespace_leaves_no_directories
         if proc_self != str(os.getpid()):
             raise SupervisorError("/proc belongs to another PID namespace; mount this one's "
                                   "(unshare --mount-proc, or mount -t proc proc /proc)")
@@ -634,6 +641,7 @@ class _ProcFS(_HoldsFd):
         for before, after in self.mountinfo():
             if before[2:3] == [device] and after:
                 options.update(option.partition("=")[::2] for option in after[-1].split(","))
+        # test_trust.py::test_a_proc_with_hidepid_is_refused_when_it_hides_processes
         if options.get("hidepid", "0") in ("0", "off") or _has_capability(
                 _CAP_SYS_PTRACE) or int(options.get("gid", -1)) in os.getgroups() + [
                     os.getegid()]:
@@ -681,6 +689,7 @@ class _ProcFS(_HoldsFd):
     def _gone_or_raise(e, path):
         if e.errno in (errno.ENOENT, errno.ESRCH):
             return None
+        # test_hostile.py::test_a_file_mounted_over_our_own_children_list_is_never_believed
         if e.errno == errno.EXDEV:
             raise ObservationError("/proc/%s is covered by a mount made inside /proc; nothing "
                                    "read through it can be trusted" % path)
@@ -835,6 +844,7 @@ class _CallersJobs(object):
         unattributed, left alone, and it keeps the run from being confirmed."""
         if proc.identity in self.processes or proc.pid in self.children:
             return True
+        # test_trust.py::test_orphans_of_the_callers_jobs_are_neither_kept_nor_killed
         if proc.pgid in self.groups and not in_group:
             self.unattributed[proc.identity] = proc
             return True
@@ -865,6 +875,7 @@ class _Reaper(object):
 
     def reap(self, pid, spared=()):
         """Reap pid if the rule allows and it has exited. Did it?"""
+        # test_run.py::test_api_leaves_the_callers_children_for_the_caller_to_wait_for
         if pid == self.command or pid in self.callers.children or pid in spared:
             return False
         try:
@@ -1300,6 +1311,7 @@ class _Walker(object):
             pin.send(signal.SIGKILL)
         if walk.wait_budget is None:
             walk.wait_budget = self.budget.allowed()
+        # test_run.py::test_many_members_with_a_low_fd_limit_are_still_drained
         if len(walk.pins) < walk.wait_budget:
             walk.pins.append(pin)
             return
@@ -1320,6 +1332,7 @@ class _Walker(object):
             walk.stable = False
             return _closed(pin)
         if parent is None and self.roots is None:
+            # test_trust.py::test_orphans_of_the_callers_jobs_are_neither_kept_nor_killed
             if self.claimed(proc, scope):
                 return _closed(pin)
             if not proc.live and self.reaper.reap(pid, walk.held):
@@ -1364,6 +1377,7 @@ class _Walker(object):
             return None  # an unproven parent: its children wait to be adopted
         else:
             fd = self.budget.pidfd(pid)
+            # test_drain.py::test_without_pidfds_the_walk_still_drains_and_confirms
             if fd is False or (fd is None and parent_proc is not None):
                 return None
         pin = _Pin(None, fd)
@@ -1383,6 +1397,7 @@ class _Walker(object):
         left its list unseen.) Pinned processes are checked by their pidfd,
         the rest by /proc."""
         proc, pin = node
+        # test_drain.py::test_signals_until_the_end_never_cost_the_receipt
         if not proc.live:
             return True  # a zombie has no children: they left at its exit
         if pin is not None and pin.fd is not None:
@@ -1391,13 +1406,14 @@ class _Walker(object):
 
     def _stop_own_children(self, scope, endtime):
         """SIGSTOP every child of ours that is not the caller's, before the
-        walk looks at anything, then reap the zombies among them. Orphans of a tree that keeps forking are adopted by us,
-        and each of their sessions gets as much CPU as we do (autogroups): a
-        starved supervisor reading /proc process by process would only ever
-        find the zombies of processes that already replaced themselves. So
-        each pass costs one kill() a child, newest first (the live end of each
-        lineage was adopted last), and there are at most _STOP_PASSES, so the
-        walk always gets its turn. By pid: an unreaped child's pid is its own."""
+        walk looks at anything, then reap the zombies among them. Orphans of a
+        tree that keeps forking are adopted by us, and each of their sessions
+        gets as much CPU as we do (autogroups): a starved supervisor reading
+        /proc process by process would only ever find the zombies of processes
+        that already replaced themselves. So each pass costs one kill() a
+        child, newest first (the live end of each lineage was adopted last),
+        and there are at most _STOP_PASSES, so the walk always gets its turn.
+        By pid: an unreaped child's pid is its own."""
         spared = set(pid for pid, _ in self.callers.processes) | self.callers.children
         spared.add(scope.group)
         seen = set()
@@ -1407,6 +1423,7 @@ class _Walker(object):
             if not fresh or _now() >= endtime:
                 return
             seen.update(fresh)
+            # test_trust.py::test_orphans_of_the_callers_jobs_are_neither_kept_nor_killed
             if self.callers.groups:  # the caller's jobs are known by group: look first
                 procs = [(pid, self.fs.stat(pid)) for pid in fresh]
                 fresh = [pid for pid, proc in procs
@@ -1559,6 +1576,7 @@ class _Cgroup(object):
             try:
                 pids.extend(below.procs())
             except OSError as e:
+                # test_containment.py::test_a_threaded_cgroup_below_the_runs_changes_nothing
                 if e.errno != errno.EOPNOTSUPP:
                     raise  # (threaded: its processes are the domain's above, listed)
             finally:
@@ -1644,8 +1662,11 @@ class _Cgroup(object):
                 continue  # removed meanwhile
             try:
                 mark = _mark(fd)
+                # test_containment.py::test_a_dead_supervisors_cgroup_is_removed_a_live_ones_never
                 if not _maker_alive(fs, fd, mark) and (
                         mark or time.time() - os.fstat(fd).st_mtime >= _LEFTOVER_MIN_AGE):
+                    # test_containment.py::test_what_a_policy_kept_is_never_taken_for_a_
+                    # killed_supervisors_run; ..._is_ended_by_the_next_one_at_once
                     if mark and mark.split()[:1] == [b"run"]:
                         ended += self._end_leftover(fs, name, mark)
                     _remove_below(self.fd, name)
@@ -1769,6 +1790,7 @@ def _find_cgroup_home(fs):
     mounts = [(mount_point, read_only, "/" + ours[len(root):].strip("/") if root != "/" else ours)
               for root, mount_point, read_only in _cgroup2_mounts(fs)
               if ours == root or ours.startswith(root.rstrip("/") + "/")]
+    # test_containment.py::test_a_writable_cgroup_mount_listed_after_a_read_only_one_is_taken
     for mount_point, read_only, path in sorted(mounts, key=lambda m: m[1]):  # writable first
         if read_only:
             raise _NoCgroup("the cgroup v2 hierarchy at %s is mounted read-only" % mount_point)
@@ -1814,8 +1836,10 @@ def _check_not_managed(directory, path):
         return
     parts = [p for p in path.split("/") if p]
     for depth in range(len(parts), 0, -1):
+        # test_containment.py::test_auto_leaves_a_systemd_units_cgroup_alone_unless_it_is_delegated
         if parts[depth - 1].endswith(_SYSTEMD_UNIT_SUFFIXES):
             unit_dir = directory[:len(directory) - len("/".join(parts[depth:]))].rstrip("/")
+            # test_containment.py::test_auto_leaves_a_systemd_units_cgroup_alone_unless_it_is_delegated
             if _delegated(unit_dir):
                 return
             raise _NoCgroup("systemd manages our cgroup %s (unit %s, not delegated); run under "
@@ -1849,6 +1873,7 @@ def _cgroup_for_run(fs, plan):
         pidfd = _pidfd_open(os.getpid())
     except OSError as e:
         raise _cgroup_error(e, "pidfd_open")
+    # test_drain.py::test_without_pidfds_the_walk_still_drains_and_confirms
     if pidfd is None:
         raise _NoCgroup("pidfd_open is refused here (Linux 5.3, or a seccomp filter)")
     os.close(pidfd)
@@ -2096,6 +2121,7 @@ class _CgroupContainment(object):
             for pid, fd in pinned:
                 if pid in members and fd not in exited:
                     pin = _Pin(None, fd)
+                    # test_drain.py::test_every_containment_continues_a_stopped_process_after_the_stop_signal
                     for each in (sig, signal.SIGCONT if pid in stopped else 0):
                         if each:
                             pin.send(each)
@@ -2113,6 +2139,7 @@ class _CgroupContainment(object):
         would count ours. So we move back to our own cgroup (ours to write:
         we made the run's beside it) at every wake-up while the run runs,
         and before a freeze or a kill."""
+        # test_containment.py::test_the_supervisor_written_into_the_runs_cgroup_moves_back_out
         if self.cgroup.holds(self.fs.cgroup_of(self.me)):
             self.own.write("cgroup.procs", str(self.me))
 
@@ -2159,7 +2186,7 @@ class _CgroupContainment(object):
         if not self.removed and not self.cgroup.populated():
             self.removed = self.home.remove_child(self.cgroup)
         kept = look is not None and look.scope.reach is None
-        if kept:
+        if kept:  # test_containment.py::test_what_a_policy_kept_is_never_taken_for_a_killed_...
             _mark(self.cgroup.fd, b"kept " + _maker(self.fs))
         return {"containment": "cgroup", "cgroup": self.cgroup.path, "usage": usage,
                 "kept_cgroup": self.cgroup.path if kept and not self.removed else None,
@@ -2237,6 +2264,8 @@ class _SignalCatcher(object):
             # nohup and background shells: a signal the caller ignored stays
             # ignored, for the command always, for us unless we need it.
             # Not SIGXFSZ: CPython itself ignores it at start.
+            # test_unix.py::test_a_stop_signal_ignored_by_the_caller_stays_ignored
+            # test_unix.py::test_every_other_fatal_signal_is_a_forced_stop
             if sig != signal.SIGXFSZ and signal.getsignal(sig) == signal.SIG_IGN:
                 self.ignored_by_caller.add(sig)
                 if sig not in always:
@@ -2287,6 +2316,7 @@ class _SignalCatcher(object):
         a launcher's `trap '' TERM` only fenced its own start-up), and the
         first three unblocked."""
         defaulted = set(_DEFAULTED_FOR_COMMAND)
+        # test_clients.py::test_the_stop_signal_starts_at_its_default_in_the_command
         if self.stop_signal not in (0, signal.SIGKILL, signal.SIGSTOP):
             defaulted.add(self.stop_signal)
         for sig in set(self.handled) | set(self.saved) | defaulted:
@@ -2387,6 +2417,7 @@ class _StopFileWatch(object):
             while word is None and _now() < endtime and getattr(fs.stat(self.pid), "state",
                                                                 "D") != "D":
                 word = self._answer(min(seconds, endtime - _now()))
+        # test_hostile.py::test_a_stop_file_that_does_not_answer_at_the_start_is_refused
         if word is None:
             raise UsageError("--stop-file: %s: no answer within %gs (a network filesystem that "
                              "does not answer, or a machine too loaded to run the look?)"
@@ -2411,6 +2442,7 @@ class _StopFileWatch(object):
                 os.write(self.ask, b"?")
             except OSError:
                 pass  # EPIPE: the lookout is gone, as its answers say
+            # test_hostile.py::test_a_last_look_at_the_stop_file_that_does_not_answer_counts_as_a_stop
             if self._answer(seconds) is None:
                 self.seen = True
         return self.seen
@@ -2448,6 +2480,7 @@ def _lookout(path):
     os.setpgid(0, 0)
     try:
         watch = _libc().call("inotify_init1", os.O_CLOEXEC)
+    # test_run.py::test_stop_file_in_a_directory_created_later
     except OSError:
         watch = None  # no inotify here (ENOSYS, EMFILE): the look by path alone
     first = asked = True
@@ -2463,6 +2496,7 @@ def _lookout(path):
             os.lstat(path)
             word = b"1"
         except OSError as e:
+            # test_trust.py::test_a_stop_path_that_cannot_be_looked_at_is_refused
             word = b"0" if e.errno in (errno.ENOENT, errno.ENOTDIR) else b"1"
             if first and word == b"1":
                 word = ("E %s" % e.strerror).encode()  # refused; later, a stop
@@ -2475,6 +2509,7 @@ def _lookout(path):
         if watch in ready:
             os.read(watch, 65536)
         asked = 0 in ready and os.read(0, 1) == b"?"
+        # test_nemo.py::test_with_the_flag_any_other_ending_drains_everything
         if 0 in ready and not asked:
             return  # our questions ended: the supervisor is done, or gone
     if watch is not None:
@@ -2602,6 +2637,8 @@ def _open_to_write(path, directory):
     up by a FIFO (ENXIO). With directory (_directory_of), opened there, and
     only a regular file of one link is truncated: one the run's uid linked
     to a file of ours would be that file."""
+    # test_clients.py::test_a_symlink_at_the_summary_path_is_not_followed (O_NOFOLLOW)
+    # test_clients.py::test_a_fifo_at_the_summary_path_never_blocks (O_NONBLOCK)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     if directory is None:
         return os.open(path, flags | os.O_TRUNC, 0o644)
@@ -2627,11 +2664,13 @@ def _check_user_may_not_replace(user, target):
     sticky, the user owns the next directory on the way (it could rename it
     away and put its own there)."""
     parts = target.path.split("/")
+    # test_hostile.py::test_user_refuses_a_dotdot_on_the_receipt_path
     if ".." in parts:  # the directories passed before it are judged by no rule below
         _refuse_receipt_path(user, target.path, "a '..' on it")
     for i in range(2, len(parts)):
         here = "/".join(parts[:i])
         try:
+            # test_hostile.py::test_user_refuses_a_symlink_on_the_receipt_path_the_user_controls
             if os.lstat(here).st_mode & 0o170000 == 0o120000:
                 _refuse_receipt_path(user, here, "a symlink")
         except FileNotFoundError:
@@ -2644,6 +2683,7 @@ def _check_user_may_not_replace(user, target):
         st = os.stat(directory)
         if st.st_uid == user.uid:
             _refuse_receipt_path(user, directory, "its owner")
+        # test_trust.py::test_user_accepts_a_receipt_below_a_sticky_directory
         if writable[directory] and (below is None or not st.st_mode & 0o1000
                                     or os.lstat(below).st_uid == user.uid):
             _refuse_receipt_path(user, below or directory, "in a directory it may write"
@@ -2714,6 +2754,7 @@ def _checked_plan(command, values):
             values[key] = _absolute(values[key], option)
     plan = _Plan(_check_command(command), values)
     _check_limits(plan)
+    # test_clients.py::test_from_the_root_directory_any_receipt_path_is_accepted
     fence = None if plan.workdir == "/" and not given else plan.workdir
     target = _receipt_target(plan.receipt, fence) if plan.receipt is not None else None
     try:
@@ -2828,6 +2869,7 @@ def _check_stop_file(path, target):
     """The receipt's own path is no stop file (the receipt would stop the
     next run). Whether the path can be looked at is the lookout's to say,
     at the start (see _StopFileWatch): a look here could hang."""
+    # test_trust.py::test_a_stop_path_equal_to_the_receipt_path_is_refused
     if target is not None and path in (target.path, os.path.join(target.directory,
                                                                  *target.missing + [target.name])):
         raise UsageError("--stop-file: %s is the receipt's path; give them different paths"
@@ -2845,6 +2887,7 @@ def _remove_stale_at(path):
         why = _not_a_receipt(os.lstat(path))
     except (OSError, UsageError, ValueError):
         return None  # nothing there (or no path to speak of)
+    # test_hostile.py::test_what_is_not_a_file_at_the_receipt_path_is_left_and_said
     if why:
         return "--receipt %s: %s: left alone" % (path, why)
     try:
@@ -2877,6 +2920,7 @@ def _parse_signal(text, option="--signal"):
     """A signal as timeout(1) -s takes it: TERM, SIGTERM, term, 15, the
     real-time ones as RTMIN+3 or SIGRTMAX-1, and EXIT for 0 (none)."""
     name = text.strip(" \t\n\v\f\r").upper()
+    # test_clients.py::test_signal_forms_and_refusals
     if name and all(c in "0123456789" for c in name):  # ASCII digits: int() takes others too
         number = int(name)
     elif name in ("EXIT", "SIGEXIT"):  # the shell's name for 0, which timeout(1) takes
@@ -3044,6 +3088,7 @@ def _act_on_signals(run):
                 action(run, sig, when)
     # While a list reap is pending, the zombie that made it so still hides the
     # others from waitid(): a SIGCHLD (a storm sends thousands) changes nothing.
+    # test_drain.py::test_more_zombies_than_one_reaping_takes_do_not_make_the_grace_spin
     if run.reaper.pending:
         if _now() >= run.reaper.next_list_reap:
             run.reaper.reap_exited()
@@ -3133,6 +3178,7 @@ class _CtrlC(_HoldsFd):
                 signal.pthread_sigmask(signal.SIG_SETMASK, heard)
                 while os.getppid() == parent:  # (it died before PR_SET_PDEATHSIG: we end)
                     info = signal.sigwaitinfo(heard)  # the terminal's (SI_KERNEL), not a kill()
+                    # test_unix.py::test_the_commands_own_sigint_to_its_group_is_not_a_ctrl_c
                     os.write(0, bytes([info.si_signo] * (info.si_code == 0x80)))
             finally:
                 os._exit(0)
@@ -3271,6 +3317,7 @@ class _Output(object):
             if user is not None:  # (see _directory_of; refused with its own line)
                 self.directory = _directory_of(path, "--output")
             self.file = self.for_command = _high_fd(_open_to_write(path, self.directory))
+            # test_limits.py::test_output_to_anything_but_a_regular_file_is_refused
             if os.fstat(self.file).st_mode & 0o170000 != 0o100000:
                 raise OSError(errno.EINVAL, "not a regular file", path)
             os.set_blocking(self.file, True)
@@ -3312,6 +3359,7 @@ class _Output(object):
             try:
                 if self.error is None:
                     self._keep(chunk)
+            # test_limits.py::test_a_full_disk_costs_the_output_never_the_receipt
             except OSError as e:
                 self.error = "%s: %s" % (self.path, e.strerror)  # (a full disk) counted on
             self.seen += len(chunk)
@@ -3436,6 +3484,7 @@ def _run_and_end(run):
             return
         containment = run.containment
         if run.outcome.stop_reason is not None:
+            # test_drain.py::test_a_stop_during_the_exec_does_not_spin_through_the_grace
             if run.report.fd is not None:  # not read to EOF: it may not have exec'd yet
                 containment.join(run.pid)
             _say(run, "stopping the run: %s; %s" % (_why_stopped(run), _first_signal(run)))
@@ -3452,12 +3501,14 @@ def _run_and_end(run):
             if run.look.found:
                 _stop_and_wait(run, run.look, _enter(run, "terminating"))
             else:
+                # test_containment.py::test_what_a_nested_supervisor_holds_stays_in_its_cgroup_when_the_outer_keeps_all
                 containment.stop(run.look, 0, _now()).close()  # nothing to end: let the kept run on
         if run.look.scope.reach is not None:
             _drain(run, _enter(run, "draining"))
         _enter(run, "done")
         _finish(run)
     except Exception as e:
+        # test_trust.py::test_a_refused_fork_names_the_limit_and_leaves_no_directories
         if run.pid is None:
             raise  # the fork itself failed: nothing started, nothing to end
         _fail(run, e)
@@ -3659,6 +3710,7 @@ def _exec_command(run, report_fd):
         # controlling terminal: in the caller's session an untrusted command
         # could renice the session's autogroup for good (19, after the run),
         # or push input into the caller's terminal (TIOCSTI).
+        # test_trust.py::test_a_user_command_cannot_renice_the_callers_session
         if run.plan.user is not None:
             os.setsid()
         else:
@@ -3687,11 +3739,13 @@ def _exec_command(run, report_fd):
             os.setresuid(user.uid, user.uid, user.uid)
         if user is not None:
             step = "prctl(PR_SET_NO_NEW_PRIVS)"  # no setuid binary brings root back
+            # test_trust.py::test_user_runs_the_command_as_that_user_with_no_way_back
             _libc().call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         if run.plan.stop_signal:
             # As timeout(1): should the supervisor be killed, the command gets
             # the stop signal (after the uid switch, which would clear it).
             step = "prctl(PR_SET_PDEATHSIG)"
+            # test_timeout.py::test_the_command_gets_the_stop_signal_when_the_supervisor_is_killed
             _set_parent_death_signal(run.plan.stop_signal)
             if os.getppid() != run.outcome.supervisor_pid:
                 os.kill(os.getpid(), run.plan.stop_signal)
@@ -3714,6 +3768,7 @@ def _exec_from_path(name, argv, environment):
     interpreter's own library may be out of that user's reach (os.execvpe
     imports warnings). The same search: each PATH entry in turn, the first
     error that is not "not there" reported."""
+    # test_hostile.py::test_an_empty_command_is_not_found
     if not name:  # as execvp(""): nothing by that name (os.execve refuses it: ValueError)
         raise FileNotFoundError(errno.ENOENT, "not found")
     if (b"/" if isinstance(name, bytes) else "/") in name:
@@ -3758,6 +3813,7 @@ def _why_stop(run):
     sig, when = run.last_stop
     now = _now()
     if sig is not None:
+        # test_trust.py::test_a_supervisor_stopped_past_its_deadline_stops_the_run_as_timeout
         return ("timeout", None) if when >= run.endtime else ("signal", sig)
     if now >= run.endtime:
         return "timeout", None
@@ -3848,6 +3904,7 @@ def _succeeded(run):
     """Exited by itself with 0, with no stop asked for (not even one that came
     with the exit), and no stop file there now."""
     return (run.exit_info is not None and _return_code(run.exit_info) == 0
+            # test_hostile.py::test_a_last_look_at_the_stop_file_that_does_not_answer_counts_as_a_stop
             and not run.hurry and not (run.watch is not None and run.watch.seen))
 
 
@@ -3924,6 +3981,7 @@ def _finish(run):
     outcome = run.outcome
     outcome.preserved = run.containment.preserved(run.look, _now() + _FINISH_LIMIT)
     outcome.unattributed = [p for p in run.callers.unattributed.values() if run.fs.alive(p)]
+    # test_hostile.py::test_a_process_of_the_runs_uid_outside_the_run_keeps_it_from_being_confirmed
     if run.plan.user is not None and run.plan.user.switching:
         outcome.foreign = _foreign_processes(run, _now() + _FINISH_LIMIT)
     _note_survivors(run)
@@ -3935,6 +3993,7 @@ def _reap_command(run):
     if _command_exited(run) and not run.reaped:
         if run.report is not None:
             run.report.read(block=True)
+        # test_drain.py::test_an_exec_that_fails_after_the_stop_is_still_reported
         if run.report is not None and run.report.failure:
             _note_exec_failure(run)
         else:
@@ -3953,6 +4012,7 @@ def _foreign_processes(run, endtime):
     those started since the run began. Give each sandbox a uid of its own."""
     uid, me = run.plan.user.uid, os.getpid()
     scope = (run.fs.read("sys/kernel/yama/ptrace_scope") or b"0").strip()
+    # test_hostile.py::test_where_ptrace_is_open_any_process_of_the_runs_uid_keeps_it_from_being_confirmed
     started = _boot_ticks(run.fs, run.outcome.started_wall) if scope != b"0" else 0
     found, ours = [], set()
     for name in run.fs.listing(".") or ():
@@ -4008,6 +4068,7 @@ def _note_survivors(run):
         try:
             endtime = _now() + _CENSUS_LIMIT
             outcome.survivors, whole = run.containment.census(_scope(run), endtime)
+        # test_trust.py::test_a_look_that_fails_is_never_an_empty_one
         except Exception:  # a look that failed (or what failed the run): count unknown
             whole = False
     outcome.survivors_count = len(outcome.survivors) if whole else None
@@ -4103,6 +4164,7 @@ def _exit_status(outcome, plan):
     code = outcome.return_code
     if outcome.stop_reason in (None, "memory") or (plan.preserve_status and code is not None):
         return code if code >= 0 else 128 - code
+    # test_timeout.py::test_exit_statuses_are_timeouts
     if code == -signal.SIGKILL:
         return EXIT_KILLED  # as timeout(1): the stop had to end it with SIGKILL
     if outcome.stop_reason in ("timeout", "stop_file", "cpu_time"):
@@ -4130,6 +4192,7 @@ def _fail(run, error):
 def _drain_after_failure(run, endtime):
     try:
         _drain(run, endtime)
+    # test_hostile.py::test_a_file_mounted_over_our_own_children_list_is_never_believed
     except Exception:
         pass  # what failed may fail again: the receipt already says not confirmed
 
@@ -4279,9 +4342,11 @@ class _ReceiptTarget(object):
                 self.dir_fd, self.can_sync = _open_directory(directory)
                 break
             except FileNotFoundError as e:
+                # test_trust.py::test_a_dangling_symlink_on_the_receipts_directory_path_is_refused
                 if os.path.lexists(directory):  # a dangling symlink: never made, never followed
                     raise _path_error(OSError(errno.ENOENT, "a dangling symlink"), directory)
                 directory, name = os.path.split(directory)
+                # test_cli.py::test_receipt_inside_the_workdir_through_dotdot_is_refused
                 if name == "..":  # below a missing directory: no such path
                     raise _path_error(e, self.path)
                 self.missing.insert(0, name)
@@ -4293,6 +4358,7 @@ class _ReceiptTarget(object):
             self.directory = os.path.realpath(directory)
         try:
             self.remove_stale()
+            # test_hostile.py::test_writing_receipts_leaks_no_descriptor
             os.close(self._temporary())  # now: a directory we may not write is refused
             _unlink_quietly(self.temporary, self.dir_fd)
         except BaseException as e:
@@ -4312,6 +4378,7 @@ class _ReceiptTarget(object):
         except OSError as e:
             raise _path_error(e, self.path)
         why = _not_a_receipt(st)
+        # test_trust.py::test_a_symlink_at_the_receipt_path_is_refused_and_left_as_it_is
         if why:
             raise OSError(errno.EEXIST, why + ": left alone; name a regular file", self.path)
         try:
@@ -4336,9 +4403,11 @@ class _ReceiptTarget(object):
                 finally:
                     os.close(fd)
                 os.rename(temporary, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            # test_run.py::test_a_failed_receipt_write_is_125_and_leaves_no_temporary_file
             except BaseException:
                 _unlink_quietly(temporary, self.dir_fd)
                 raise
+            # test_trust.py::test_a_receipt_directory_writable_but_not_readable_works
             if self.can_sync:
                 os.fsync(self.dir_fd)
         except OSError as e:
@@ -4390,6 +4459,7 @@ def _open_directory(directory):
     flags = os.O_DIRECTORY | os.O_CLOEXEC
     try:
         return _high_fd(os.open(directory, os.O_RDONLY | flags)), True
+    # test_trust.py::test_a_receipt_directory_writable_but_not_readable_works
     except PermissionError:
         return _high_fd(os.open(directory, os.O_PATH | flags)), False
 
@@ -4504,6 +4574,7 @@ def parse_duration(text, option="--timeout"):
             pass
     # A number too large or too small to represent (1e400, 1e-10000): as
     # timeout(1), the largest time_t, or a nanosecond, unless it is zero.
+    # test_cli.py::test_durations_read_as_timeout_reads_them
     if value in (0, float("inf")) and not number.startswith("-") and any(
             c in "123456789" for c in number.lower().partition("e")[0]):
         value = _MAX_DURATION if value else 1e-9
@@ -4529,6 +4600,7 @@ def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
     roots = {}
     try:
         here = _namespaces(fs)
+        # test_api.py::test_end_kept_refuses_a_receipt_of_other_namespaces
         if receipt.get("namespaces") != here or None in here.values():
             raise UsageError("--end-kept: the receipt's pids and cgroups are another namespace's "
                              "(%s, here %s); run --end-kept where the run ran" % (
@@ -4543,6 +4615,7 @@ def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
             gone, count = _end_kept_trees(fs, alive, endtime)
             done, ended = done and gone, ended + count
         if not receipt.get("kept_cgroup"):
+            # test_api.py::test_end_kept_never_says_all_gone_when_a_kept_process_exited_first
             if exited:
                 # What a kept process that exited started went to init: no
                 # cgroup holds it, no pid leads there. Nothing can be said of it.
@@ -4579,6 +4652,7 @@ def _kept_roots(fs, entries):
         if proc is None or not proc.live or _readable(fd):
             os.close(fd)
             exited.append(pid)
+        # test_api.py::test_end_kept_ends_what_a_receipt_kept_and_leaves_a_reused_pid_alone
         elif proc.start != start:
             os.close(fd)
             left_alone.append("%d (start time %d, not the receipt's %d)" % (pid, proc.start, start))
@@ -4625,6 +4699,7 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
     it held, a note)."""
     path, run_path = receipt["kept_cgroup"], str(receipt.get("cgroup") or "")
     name, run_name = path.rsplit("/", 1)[-1], run_path.rsplit("/", 1)[-1]
+    # test_containment.py::test_a_forged_kept_cgroup_is_left_alone
     if not (name.startswith("treereap-") and name.partition(".kept-")[0] == run_name
             and receipt.get("preserved")):
         return False, 0, "kept_cgroup %s is not a cgroup this supervisor makes: left alone" % path
@@ -4637,6 +4712,7 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
         cgroup = home.child(name)
         if _maker_alive(fs, cgroup.fd, _mark(cgroup.fd)):
             return False, 0, "kept_cgroup %s is its run's still: left alone" % cgroup.path
+        # test_containment.py::test_a_forged_kept_cgroup_is_left_alone
         if any(not cgroup.holds(fs.cgroup_of(pid)) for pid in roots):
             return False, 0, ("kept_cgroup %s does not hold the processes the receipt kept: "
                               "left alone" % cgroup.path)
@@ -4646,6 +4722,7 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
         home.remove_child(cgroup)
         return True, count, None
     except (OSError, _NoCgroup) as e:
+        # test_api.py::test_end_kept_ends_a_kept_process_whose_cgroup_is_gone_and_reaps_nothing_of_the_callers
         if cgroup is None and getattr(e, "errno", None) == errno.ENOENT:
             return True, 0, None  # removed already: nothing in it
         return False, 0, "kept_cgroup %s: %s" % (path, getattr(e, "strerror", None) or e)
@@ -4844,6 +4921,7 @@ def _path_in(argv, option="--receipt"):
     while i < len(argv) and argv[i] != "--" and argv[i].startswith("-") and argv[i] != "-":
         name, has_value, value = _split_option(argv[i])
         row = _option(name)
+        # test_cli.py::test_a_refusal_after_a_bundle_still_removes_the_earlier_receipt
         if row is not None and not _takes_value(row) and has_value and name[1] != "-":
             argv, i = argv[:i] + ["-" + value] + argv[i + 1:], i - 1  # -vs INT: -s INT
         elif row is not None and _takes_value(row) and not has_value:
@@ -4858,6 +4936,7 @@ def _path_in(argv, option="--receipt"):
 def _print(text):
     try:
         os.write(1, text.encode())
+    # test_cli.py::test_help_with_stdout_closed_still_exits_0
     except OSError:
         pass
 
@@ -5065,6 +5144,7 @@ def _exit(status):
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
+        # test_cli.py::test_help_with_stdout_closed_still_exits_0
         except (AttributeError, OSError, ValueError):
             pass  # closed, or None when the fd was closed at start
     os._exit(status)
