@@ -62,6 +62,10 @@ import select
 import sys
 import time
 
+if sys.version_info < (3, 6):  # one line, not the traceback of the import below
+    sys.stderr.write("treereap: needs Python 3.6 or later; this is %s\n" % sys.version.split()[0])
+    sys.exit(125)
+
 # The C module behind `signal` (every CPython 3.6 to 3.13 has it): the same
 # calls, without the enum wrappers whose import costs ~3 ms on every run.
 import _signal as signal
@@ -89,6 +93,9 @@ _FINAL_PASS_LIMIT = 1.0
 _FINISH_LIMIT = 0.5
 # The same stop signal again within this is the same request.
 _STOP_BURST = 0.25
+# How long a command killed by SIGINT or SIGQUIT at a terminal waits for the
+# word of the Ctrl-C listener, which the terminal signalled at the same time.
+_CTRL_C_WAIT = 0.5
 # Passes over our own children that a kill walk makes first (see
 # _Walker._stop_own_children).
 _STOP_PASSES = 8
@@ -179,7 +186,7 @@ _MEMBER_BATCH = 256
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Sizes in binary units, as systemd's MemoryMax= and nsjail read them.
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_UNITS = dict((unit, 1 << 10 * i) for i, unit in enumerate(("", "K", "M", "G", "T", "P", "E")))
 # The limits on the run's cgroup: the plan's keyword, the controller it
 # needs (cpu.stat, which --cpu-time reads, needs none), its option.
 _LIMIT_CONTROLLERS = (("memory_max", "memory", "--memory-max"), ("pids_max", "pids", "--pids-max"),
@@ -281,8 +288,8 @@ class _Libc(object):
     """libc through ctypes, loaded on first use (ctypes costs ms to import)."""
 
     def __init__(self):
-        import ctypes
-        self.ctypes = ctypes
+        # test_trust.py::test_every_fd_limit_is_a_clean_run_or_one_line_naming_it
+        self.ctypes = ctypes = _acquire("import ctypes", lambda: __import__("ctypes"))
         self.lib = ctypes.CDLL(None, use_errno=True)
 
     def call(self, name, *args):
@@ -997,7 +1004,9 @@ class _Record(object):
         self.gone = set()           # identities whose pin showed them exit
 
     def saw(self, proc):
-        self.ended.setdefault(proc.identity, proc)
+        """Each as last seen: a name read between fork and exec ("sh" for a
+        `sleep` to come) gives way to the one a later look reads."""
+        self.ended[proc.identity] = proc
 
     def exited(self, proc):
         self.gone.add(proc.identity)
@@ -1911,6 +1920,30 @@ def _limits_asked(plan):
             if getattr(plan, key) is not None]
 
 
+def _controllers_refused(fs, unavailable, home):
+    """One line for every limit whose controller the run's cgroup cannot
+    have, each with its cause as /proc/self/cgroup shows it (a controller
+    mounted on a cgroup v1 hierarchy is not on v2 at all; else the cgroup
+    above ours did not delegate it) and a way out."""
+    v1 = set()
+    for line in (fs.read("self/cgroup") or b"").decode().splitlines():
+        v1.update(line.split(":")[1].split(",") if line.count(":") >= 2 else ())
+    causes = []
+    for on_v1, cause in ((True, "on cgroup v1 here (/proc/self/cgroup), not v2: run on a host or "
+                          "VM with cgroup v2 only (booted with systemd.unified_cgroup_hierarchy"
+                          "=1)"), (False, "not delegated to %s (not in its cgroup.controllers): "
+                                   "run under systemd-run --scope -p Delegate=yes, or in a "
+                                   "container with a cgroup namespace of its own" % home.shown)):
+        those = ["%s (%s)" % (o, c) for o, c in unavailable if (c in v1) == on_v1]
+        if those:
+            causes.append("%s: controller %s" % (", ".join(those), cause))
+    return "cannot enforce the limits: " + "; ".join(causes)
+
+
+def _limit_options(plan):
+    return ", ".join(option for option, _ in _limits_asked(plan))
+
+
 def _enable_controllers(fs, home, plan):
     """The controllers the limits need, enabled for the cgroups below ours.
     Below the root, a cgroup that enables controllers for its children must
@@ -1930,11 +1963,9 @@ def _enable_controllers(fs, home, plan):
     enabled, available = (home.read(name).decode().split() for name in (
         "cgroup.subtree_control", "cgroup.controllers"))
     missing = [(o, c) for o, c in _limits_asked(plan) if c and c not in enabled]
-    for option, controller in (m for m in missing if m[1] not in available):
-        raise SupervisorError(
-            "%s: the %s controller is not available to the cgroup %s (not in its "
-            "cgroup.controllers: on cgroup v1, or not delegated); see the README's Limits"
-            % (option, controller, home.shown))
+    if any(c not in available for _, c in missing):
+        raise SupervisorError(_controllers_refused(
+            fs, [m for m in missing if m[1] not in available], home))
     if not missing:
         return home, own
     if home.path.endswith(".supervisor") and home.procs() == [os.getpid()]:
@@ -2718,7 +2749,10 @@ def _checked(kind, value, name):
         raise UsageError("%s: give a value, not None" % name)
     if kind in ("size", "count"):
         return _parse_size(value, name, kind)
-    if kind in ("duration", "seconds"):
+    if kind == "grace" and (value == 0 and not isinstance(value, bool) if not isinstance(
+            value, str) else "0" in value and not value.strip().rstrip("smhd").strip("0.")):
+        return 0  # GNU timeout's -k 0: no end to the grace
+    if kind in ("duration", "seconds", "grace"):
         return parse_duration(value, name) if isinstance(value, str) else _check_seconds(
             value, name)
     if kind == "signal":
@@ -2749,10 +2783,11 @@ def _checked_plan(command, values):
     docker exec and kubectl exec is nobody's workdir."""
     given = values["workdir"]
     values["workdir"] = _absolute(given, "--workdir") if given else _current_directory()
-    for key, option in (("stop_path", "--stop-file"), ("output", "--output")):
+    for key, option in (("stop_file", "--stop-file"), ("output", "--output"),
+                        ("summary", "--summary")):
         if values[key] is not None:
             values[key] = _absolute(values[key], option)
-    plan = _Plan(_check_command(command), values)
+    plan = _Plan(_check_command(command), dict(values, summary_dir=None))
     _check_limits(plan)
     # test_clients.py::test_from_the_root_directory_any_receipt_path_is_accepted
     fence = None if plan.workdir == "/" and not given else plan.workdir
@@ -2763,11 +2798,20 @@ def _checked_plan(command, values):
             plan.user = _check_user(plan.user, plan.workdir)
             if target is not None:
                 _check_user_may_not_replace(plan.user, target)
-        _check_stop_file(plan.stop_path, target)
+            if plan.summary is not None:  # held from now: see _directory_of
+                plan.summary_dir = _directory_of(plan.summary, "--summary")
+        _check_stop_file(plan.stop_file, target)
     except BaseException:
         _closed(target)
+        _close_summary_dir(plan)
         raise
     return plan, target
+
+
+def _close_summary_dir(plan):
+    if plan.summary_dir is not None:
+        os.close(plan.summary_dir)
+        plan.summary_dir = None
 
 
 def _check_limits(plan):
@@ -2784,7 +2828,7 @@ def _check_limits(plan):
             raise UsageError(why)
     if _limits_asked(plan) and plan.containment == "proc":
         raise UsageError("%s: needs a cgroup of the run's own; drop --containment proc"
-                         % _limits_asked(plan)[0][0])
+                         % _limit_options(plan))
 
 
 def _check_seconds(value, name):
@@ -2898,22 +2942,25 @@ def _remove_stale_at(path):
 
 
 def _parse_size(value, option, kind="size"):
-    """A positive number of bytes ('512M', '2G', '1GiB', '4096': binary
-    units), or of processes (kind "count"): ASCII digits; an int from the API."""
+    """A positive number of bytes ('512M', '1.5G', '1GiB', '4096': the
+    binary units systemd's MemoryMax= takes, K to E, and a fraction), or of
+    processes (kind "count", a whole number); ASCII digits; an int from the
+    API."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    text = value.strip() if isinstance(value, str) else ""
-    number, unit = text.upper(), ""
+    number, unit = (value.strip() if isinstance(value, str) else "").upper(), ""
     if kind == "size":
-        number = number[:-2] if number[-3:-2] in "KMGT" and number.endswith("IB") else (
+        number = number[:-2] if number[-3:-2] in "KMGTPE" and number.endswith("IB") else (
             number[:-1] if number.endswith("B") else number)
         unit = number[-1:] if number[-1:] in _SIZE_UNITS else ""
     number = number[:len(number) - len(unit)]
-    if not number or any(c not in "0123456789" for c in number) or not (
-            0 < int(number) * _SIZE_UNITS[unit] < 2 ** 63):
+    digits = number.replace(".", "", kind == "size")  # ASCII digits: float() takes others too
+    size = int(float(number) * _SIZE_UNITS[unit]) if digits and all(
+        c in "0123456789" for c in digits) else 0
+    if not 0 < size < 2 ** 63:
         raise UsageError("%s: %r is not %s" % (option, value, "a positive number of bytes "
-                         "(4096, 512K, 512M, 2G)" if kind == "size" else "a positive number"))
-    return int(number) * _SIZE_UNITS[unit]
+                         "(4096, 512K, 1.5G)" if kind == "size" else "a positive number"))
+    return size
 
 
 def _parse_signal(text, option="--signal"):
@@ -3017,6 +3064,15 @@ class _Run(object):
         self.oom_score_adj = None       # the caller's, which ours was before it was -1000
 
 
+def _cleanup_budget(plan, state=None):
+    """The seconds of a cleanup step: cleanup_timeout; with 0 (GNU timeout's
+    -k 0, no SIGKILL) the grace has no end but a second stop signal, and the
+    steps after it, which wait for what SIGKILL ends, the default."""
+    if plan.cleanup_timeout:
+        return plan.cleanup_timeout
+    return _MAX_DURATION if state == "terminating" else DEFAULT_CLEANUP_TIMEOUT
+
+
 def _enter(run, state):
     """Move the run to `state`. Cleanup steps are timed for the receipt's
     ladder; entering one returns its endtime (a budget of cleanup_timeout)."""
@@ -3028,7 +3084,7 @@ def _enter(run, state):
     run.state = state
     if state in _CLEANUP_STEPS:
         ladder.append([state, now, None])
-        return now + run.plan.cleanup_timeout
+        return now + _cleanup_budget(run.plan, state)
     return None
 
 
@@ -3497,7 +3553,7 @@ def _run_and_end(run):
             _kill_command(run, _enter(run, "killing"))
         else:
             run.look = containment.look(_keeps_everything(run), run.pid,
-                                        _now() + run.plan.cleanup_timeout)
+                                        _now() + _cleanup_budget(run.plan))
             if run.look.found:
                 _stop_and_wait(run, run.look, _enter(run, "terminating"))
             else:
@@ -3546,8 +3602,8 @@ def _prepare(run):
         if os.getppid() != parent:
             run.catcher.note([signal.SIGTERM])
     run.callers.note(run.fs, run.reaper.children)
-    if run.plan.stop_path is not None:
-        run.watch = _StopFileWatch(run.plan.stop_path)
+    if run.plan.stop_file is not None:
+        run.watch = _StopFileWatch(run.plan.stop_file)
         run.callers.spare(run.watch.pid)
     if run.plan.output:
         run.output = _Output(run.plan.output, run.plan.max_output, run.plan.user)
@@ -3594,8 +3650,11 @@ def _choose_containment(run):
                 raise SupervisorError("--containment cgroup: %s; use --containment auto or proc"
                                       % e)
             if _limits_asked(plan):
-                raise SupervisorError("%s: needs a cgroup of the run's own, and there is none "
-                                      "here: %s" % (_limits_asked(plan)[0][0], e))
+                raise SupervisorError(
+                    "%s: needs a cgroup of the run's own, and there is none here: %s; run where "
+                    "one can be had (systemd-run --scope -p Delegate=yes, a container with a "
+                    "cgroup namespace of its own, cgroup v2), or drop the limit" % (
+                        _limit_options(plan), e))
             run.outcome.cgroup_unavailable = str(e)
         else:
             run.containment = _CgroupContainment(home, own, cgroup, limits_set, walker,
@@ -3794,8 +3853,12 @@ def _run_until_stop(run):
             return
         if _command_exited(run):
             run.report.read(block=True)  # the exec report first: a failed exec is no exit
-            # A stop asked for as it exited is no stop: it hurries the drain.
-            run.hurry = run.hurry or run.last_stop[0] is not None
+            sig = _heard_what_killed_it(run)
+            if sig is not None and _return_code(run.exit_info) == -sig:
+                _decide_stop(run, "signal", sig)  # a Ctrl-C: the run is stopped by it
+                return
+            # Another stop asked for as it exited is no stop: it hurries the drain.
+            run.hurry = run.hurry or sig is not None
             return
         reason, sig = _why_stop(run)
         if reason is not None:
@@ -3804,6 +3867,18 @@ def _run_until_stop(run):
         _check_job_control(run)
         run.containment.stay_out()
         _wait(run, min(run.endtime, run.cpu_check_at))
+
+
+def _heard_what_killed_it(run):
+    """The stop signal taken, if any. At a terminal, a Ctrl-C (Ctrl-\\)
+    that killed the command reached our listener at the same moment: its
+    word is waited for, up to _CTRL_C_WAIT (test_unix.py::test_ctrl_c_on_
+    the_terminal_ends_the_command)."""
+    if run.ctrl_c is not None and run.last_stop[0] is None and -_return_code(
+            run.exit_info) in (signal.SIGINT, signal.SIGQUIT):
+        if select.select([run.ctrl_c.fd], [], [], _CTRL_C_WAIT)[0]:
+            _wait(run, _now())
+    return run.last_stop[0]
 
 
 def _why_stop(run):
@@ -3866,7 +3941,7 @@ def _why_stopped(run):
     if reason == "timeout":
         return "the deadline passed (%gs)" % run.plan.timeout
     if reason == "stop_file":
-        return "the stop file %s appeared" % run.plan.stop_path
+        return "the stop file %s appeared" % run.plan.stop_file
     if reason == "cpu_time":
         return "the run spent its CPU time (--cpu-time %gs)" % run.plan.cpu_time
     return "%s received" % _signal_name(run.outcome.stop_signal)
@@ -4201,7 +4276,7 @@ def _reap_after_failure(run):
     """The command was SIGKILLed: wait for it (within cleanup_timeout), then
     reap it, so that an API caller is left no zombie."""
     try:
-        endtime = _now() + run.plan.cleanup_timeout
+        endtime = _now() + _cleanup_budget(run.plan)
         while not _command_exited(run) and _now() < endtime:
             _wait(run, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
         _reap_command(run)
@@ -4477,13 +4552,109 @@ def _unlink_quietly(name, dir_fd):
         pass
 
 
+def _deliver(run, receipt, target):
+    """The receipt to its path (when that fails, the returned one says so:
+    125, and the error), then the summary (--summary)."""
+    plan, lost = run.plan, None
+    if target is not None:
+        try:
+            target.write(receipt)
+        except OSError as e:
+            lost, receipt["exit_status"] = e, EXIT_FAILURE
+            receipt["error"] = _text("%s--receipt: cannot write %s: %s" % (
+                receipt["error"] + "; " if receipt["error"] else "", e.filename,
+                _os_error_text(e)))
+        finally:
+            target.close()
+    _write_summary(plan.summary, (
+        _outcome(run, receipt), receipt["error"], None if receipt["cleanup_confirmed"]
+        else _unconfirmed_message(receipt), "receipt: %s" % (
+            "none: " + _os_error_text(lost) if lost else plan.receipt or "none")), plan.summary_dir)
+    return receipt
+
+
+def _write_summary(path, lines, directory=None):
+    """--summary: the lines given (None: left out), each made printable (a
+    process name cannot add a line), cut to 4 KiB (a Kubernetes termination
+    message), in place: an atomic rename cannot replace a bind-mounted file.
+    Opened as _open_to_write opens it (under --user, in the directory held
+    since the start); a failure is one line, and changes no status."""
+    if path is None:
+        return
+    try:
+        with os.fdopen(_open_to_write(path, directory), "wb") as f:
+            f.write("".join("".join(c if c.isprintable() else ascii(c)[1:-1] for c in line) + "\n"
+                            for line in lines if line).encode("utf-8", "replace")[:_SUMMARY_LIMIT])
+    except OSError as e:
+        _complain("--summary: cannot write %s: %s" % (path, _os_error_text(e)))
+    finally:
+        if directory is not None:
+            os.close(directory)
+
+
+def _outcome(run, receipt):
+    """-v's closing line: how the run ended, what it cost (CPU; the memory
+    peak where a cgroup counts it), what the cleanup did."""
+    def some(entries, count):  # the first five, named
+        return " (%s%s)" % (", ".join("%d %s" % (p["pid"], p["name"]) for p in entries[:5]),
+                            ", ..." if count > 5 else "") if entries else ""
+    usage = receipt["usage"]
+    peak = usage["memory_peak_kib"]
+    return "done: %s, exit status %d in %.1fs (cleanup %.1fs), CPU %.2fs%s, %d drained%s%s, " \
+        "%d kept%s, cleanup %s%s" % (
+            receipt["stop_reason"] if receipt["signal"] is None else receipt["signal"],
+            receipt["exit_status"], receipt["duration_s"], receipt["cleanup_s"],
+            usage["cpu_user_s"] + usage["cpu_system_s"],
+            "" if peak is None else ", memory peak %.1f MiB" % (peak / 1024.0),
+            receipt["drained_count"], some(receipt["drained"], receipt["drained_count"]),
+            " (SIGKILL was needed)" if run.outcome.killed else "", len(receipt["preserved"]),
+            some(receipt["preserved"], len(receipt["preserved"])),
+            "confirmed" if receipt["cleanup_confirmed"] else "NOT confirmed",
+            "".join("; " + hit for hit in _limits_hit(receipt)))
+
+
+def _limits_hit(receipt):
+    """-v: each limit the run reached, named."""
+    usage, output, asked = receipt["usage"], receipt["output"] or {}, receipt["limits"] or {}
+    return [text for hit, text in (
+        (asked.get("memory_max") and receipt["stop_reason"] == "memory", "--memory-max "
+         "reached: the kernel's OOM killer ended the run"),
+        (receipt["oom_killed_by"] == "outside", "an OOM killer outside the run (the "
+         "machine's, or a cgroup's above it) killed in it"),
+        (asked.get("pids_max") and usage["pids_events_max"], "--pids-max reached: %s fork(s) "
+         "failed" % usage["pids_events_max"]),
+        (output.get("cut"), "--max-output: %s of %s bytes kept" % (
+            output.get("bytes_kept"), output.get("bytes_seen")))) if hit]
+
+
+def _unconfirmed_message(receipt):
+    survivors, unattributed = receipt["survivors"], receipt["unattributed"]
+    if unattributed and not survivors:
+        foreign = [p for p in unattributed if p["why"].startswith("uid")]
+        return "cleanup not confirmed: %d process(es) %s (%s) cannot be told from the run's%s" % (
+            len(foreign or unattributed), "of the run's uid outside the run" if foreign else
+            "adopted in the process groups of the caller's jobs", ", ".join(
+                str(p["pid"]) for p in (foreign or unattributed)[:10]),
+            "; give each sandbox a uid of its own" if foreign else ", and were left alone; "
+            "start the supervisor without background jobs, or with --new-session")
+    count = receipt["survivors_count"]
+    if not survivors:
+        return ("cleanup not confirmed: %s; do not reuse this sandbox" % (
+            "the processes kept changing while /proc was read" if count == 0
+            else "what is still alive could not be observed"))
+    return ("cleanup not confirmed: %s process(es) still alive (%s); do not reuse this "
+            "sandbox" % (count if count is not None else "at least %d" % len(survivors),
+                         ", ".join(str(s["pid"]) for s in survivors[:10])))
+
+
 # --- The API --------------------------------------------------------------------------------------
 
 
 def exec_timeout(timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
     """The bound a controller gives the exec that runs the supervisor: the
-    deadline, each bounded cleanup phase, and slack for start-up and I/O."""
-    return timeout + CLEANUP_PHASE_COUNT * cleanup_timeout + EXEC_TIMEOUT_SLACK
+    deadline, each bounded cleanup phase, and slack for start-up and I/O;
+    with cleanup_timeout 0 (no end to the grace), none: inf."""
+    return timeout + CLEANUP_PHASE_COUNT * (cleanup_timeout or float("inf")) + EXEC_TIMEOUT_SLACK
 
 
 def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, **options):
@@ -4491,11 +4662,12 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, **optio
 
     command is an argv list of str (or bytes); timeout and cleanup_timeout
     are seconds. The other options are keywords, as the command line's
-    (see _OPTIONS): stop_path (the stop file), workdir, user ("name",
-    "uid", "name:group"), policy (one of POLICIES), stop_signal (a name, a
-    number, or 0), receipt (a path, written as --receipt writes it),
-    containment (one of CONTAINMENTS), preserve_status, verbose; and
-    stop_with_parent, the pid of this process's parent: its death stops
+    (see _OPTIONS; docs/reference.md lists them): stop_file (stop_path is
+    its old name), workdir, user ("name", "uid", "name:group"), policy (one
+    of POLICIES), stop_signal (a name, a number, or 0), receipt and summary
+    (paths, written as --receipt and --summary write them), containment (one
+    of CONTAINMENTS), memory_max, pids_max, cpu_time, output, max_output,
+    preserve_status, verbose; and stop_with_parent, the pid of this process's parent: its death stops
     the run as SIGTERM would. Must run in the main thread of a
     single-threaded process on Linux; the children it already has stay its
     own (never signalled, never reaped). Raises SupervisorError (UsageError
@@ -4517,24 +4689,18 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, **optio
         receipt = _execute(run)
     except BaseException:
         _closed(target)
+        _close_summary_dir(plan)
         raise
     finally:
         _release(run)
-    if target is not None:
-        try:
-            target.write(receipt)
-        except OSError as e:
-            receipt["exit_status"] = EXIT_FAILURE
-            receipt["error"] = _text("%s--receipt: cannot write %s: %s" % (
-                receipt["error"] + "; " if receipt["error"] else "", e.filename, e.strerror))
-        finally:
-            target.close()
-    return receipt
+    return _deliver(run, receipt, target)
 
 
 def _api_values(timeout, cleanup_timeout, options):
     """The API's options, checked, with the defaults of the rest."""
     values = {}
+    if "stop_path" in options:  # the old name of stop_file
+        options["stop_file"] = options.pop("stop_path")
     for flags, keyword, kind, default, api, _ in _OPTIONS:
         if api:
             values.setdefault(keyword, default)
@@ -4741,12 +4907,12 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
 _OPTIONS = (
     (("--timeout",), "timeout", "duration", None, True,
      "DURATION the deadline, from COMMAND's start (required): 90, 1.5, 10m, 2h, 1d"),
-    (("-k", "--kill-after", "--cleanup-timeout"), "cleanup_timeout", "duration",
+    (("-k", "--kill-after", "--cleanup-timeout"), "cleanup_timeout", "grace",
      DEFAULT_CLEANUP_TIMEOUT, True, "DURATION bound of EACH of the three cleanup phases: grace, "
-     "kill, drain (10)"),
+     "kill, drain (10); 0, as timeout -k 0: no end to the grace"),
     (("-s", "--signal"), "stop_signal", "signal", "TERM", True,
      "SIG the first signal of a stop (TERM; 0: none, the grace, then SIGKILL)"),
-    (("--stop-file",), "stop_path", "path", None, True,
+    (("--stop-file",), "stop_file", "path", None, True,
      "PATH if anything is there, COMMAND never starts; else the run stops then"),
     (("--receipt",), "receipt", "path", None, True, "PATH the receipt, outside the workdir (an "
      "earlier one there is removed)"),
@@ -4775,8 +4941,8 @@ _OPTIONS = (
      "exit with COMMAND's status even when the run was stopped (125 still wins)"),
     (("-v", "--verbose"), "verbose", "flag", False, True,
      "say on stderr when it starts and stops, what it drained and kept"),
-    (("--summary",), "summary", "path", None, False, "PATH also a summary, 4 KiB at most, "
-     "written in place (/dev/termination-log)"),
+    (("--summary",), "summary", "path", None, True, "PATH also write a few lines on how it "
+     "ended there, 4 KiB at most, in place (/dev/termination-log)"),
     (("--new-session",), "new_session", "flag", False, False, "leave the caller's session: "
      "a kill of its group cannot stop the drain"),
     (("--end-kept",), "end_kept", "path", None, False, "RECEIPT end what that receipt "
@@ -4798,7 +4964,7 @@ what is kept: nothing by default (every process of the run is drained).
 
 options:
 %(options)s
-  -h, --help, --version
+  -h, --help; -V, --version
 
 signals: TERM, INT, HUP and every other signal that would end a process stop
 the run (TERM, INT, HUP and QUIT reach it as themselves; the rest send -s); a
@@ -4858,8 +5024,8 @@ def _parse_args(argv):
         if arg == "--" or not arg.startswith("-") or arg == "-":
             command = argv[i + 1:] if arg == "--" else argv[i:]
             break
-        if arg in ("-h", "--help", "--version"):
-            return ("version" if arg == "--version" else "help"), None, None
+        if arg in ("-h", "--help", "--version", "-V"):
+            return ("help" if arg in ("-h", "--help") else "version"), None, None
         name, has_value, value = _split_option(arg)
         if name in _REFUSED:
             raise UsageError(_REFUSED[name])
@@ -4987,15 +5153,13 @@ def main(argv=None):
             return 0
         _require_linux()
         new_session, kept = values.pop("new_session"), values.pop("end_kept")
-        summary = values.pop("summary")
         if kept is not None:
             return _end_kept(kept, values["cleanup_timeout"])
         if values.pop("prepare_cgroup"):
             _complain(prepare_cgroup())
             return 0
         plan, target = _checked_plan(command, values)
-        if summary is not None and plan.user is not None:  # held from now: see _directory_of
-            summary_dir = _directory_of(_absolute(summary, "--summary"), "--summary")
+        summary_dir = plan.summary_dir
         if new_session:
             plan.stop_with_parent, plan.relay = _relay_into_new_session(), True
         run = _Run(plan)
@@ -5007,29 +5171,19 @@ def main(argv=None):
                        summary_dir)
     # The receipt goes to disk before anything goes to stderr: a full pipe or
     # a terminal with TOSTOP must not hold it back.
-    status, lost = receipt["exit_status"], None
-    if target is not None:
-        try:
-            target.write(receipt)
-        except OSError as e:
-            status, lost = EXIT_FAILURE, e
+    receipt = _deliver(run, receipt, target)
     if receipt["error"]:
         _complain(receipt["error"])
-    if lost is not None:
-        _complain("--receipt: cannot write %s: %s" % (lost.filename, _os_error_text(lost)))
     if not receipt["cleanup_confirmed"] and not run.outcome.failed:
         _complain(_unconfirmed_message(receipt))
     if (receipt["output"] or {}).get("error"):
         _complain("--output: cannot keep the output: %s" % receipt["output"]["error"])
     if receipt["stop_reason"] == "stop_file" and receipt["pid"] is None:
-        _complain("the stop file %s is there: the command was not started" % plan.stop_path)
+        _complain("the stop file %s is there: the command was not started; remove it to run "
+                  "again" % plan.stop_file)
     elif plan.verbose:
-        _complain(_outcome(run, receipt, status))
-    _write_summary(summary, (
-        _outcome(run, receipt, status), receipt["error"], None if receipt["cleanup_confirmed"]
-        else _unconfirmed_message(receipt), "receipt: %s" % (
-            "none: " + _os_error_text(lost) if lost else plan.receipt or "none")), summary_dir)
-    return status
+        _complain(_outcome(run, receipt))
+    return receipt["exit_status"]
 
 
 def _refuse(message, target, argv, summary_dir):
@@ -5053,25 +5207,6 @@ def _refuse(message, target, argv, summary_dir):
     return EXIT_FAILURE
 
 
-def _write_summary(path, lines, directory=None):
-    """--summary: the lines given (None: left out), each made printable (a
-    process name cannot add a line), cut to 4 KiB (a Kubernetes termination
-    message), in place: an atomic rename cannot replace a bind-mounted file.
-    Opened as _open_to_write opens it (under --user, in the directory held
-    since the start); a failure is one line, and changes no status."""
-    if path is None:
-        return
-    try:
-        with os.fdopen(_open_to_write(path, directory), "wb") as f:
-            f.write("".join("".join(c if c.isprintable() else ascii(c)[1:-1] for c in line) + "\n"
-                            for line in lines if line).encode("utf-8", "replace")[:_SUMMARY_LIMIT])
-    except OSError as e:
-        _complain("--summary: cannot write %s: %s" % (path, _os_error_text(e)))
-    finally:
-        if directory is not None:
-            os.close(directory)
-
-
 def _end_kept(path, cleanup_timeout):
     """--end-kept RECEIPT: one line, and 0 when all it kept is gone."""
     try:
@@ -5086,56 +5221,6 @@ def _end_kept(path, cleanup_timeout):
     done, line = end_kept(receipt, cleanup_timeout)
     _complain(line)
     return 0 if done else EXIT_FAILURE
-
-
-def _outcome(run, receipt, status):
-    """-v's closing line: how the run ended, what the cleanup did."""
-    def some(entries, count):  # the first five, named
-        return " (%s%s)" % (", ".join("%d %s" % (p["pid"], p["name"]) for p in entries[:5]),
-                            ", ..." if count > 5 else "") if entries else ""
-    return "done: %s, exit status %d in %.1fs (cleanup %.1fs), %d drained%s%s, %d kept%s, " \
-        "cleanup %s%s" % (
-            receipt["stop_reason"] if receipt["signal"] is None else receipt["signal"], status,
-            receipt["duration_s"], receipt["cleanup_s"], receipt["drained_count"],
-            some(receipt["drained"], receipt["drained_count"]),
-            " (SIGKILL was needed)" if run.outcome.killed else "", len(receipt["preserved"]),
-            some(receipt["preserved"], len(receipt["preserved"])),
-            "confirmed" if receipt["cleanup_confirmed"] else "NOT confirmed",
-            "".join("; " + hit for hit in _limits_hit(receipt)))
-
-
-def _limits_hit(receipt):
-    """-v: each limit the run reached, named."""
-    usage, output, asked = receipt["usage"], receipt["output"] or {}, receipt["limits"] or {}
-    return [text for hit, text in (
-        (asked.get("memory_max") and receipt["stop_reason"] == "memory", "--memory-max "
-         "reached: the kernel's OOM killer ended the run"),
-        (receipt["oom_killed_by"] == "outside", "an OOM killer outside the run (the "
-         "machine's, or a cgroup's above it) killed in it"),
-        (asked.get("pids_max") and usage["pids_events_max"], "--pids-max reached: %s fork(s) "
-         "failed" % usage["pids_events_max"]),
-        (output.get("cut"), "--max-output: %s of %s bytes kept" % (
-            output.get("bytes_kept"), output.get("bytes_seen")))) if hit]
-
-
-def _unconfirmed_message(receipt):
-    survivors, unattributed = receipt["survivors"], receipt["unattributed"]
-    if unattributed and not survivors:
-        foreign = [p for p in unattributed if p["why"].startswith("uid")]
-        return "cleanup not confirmed: %d process(es) %s (%s) cannot be told from the run's%s" % (
-            len(foreign or unattributed), "of the run's uid outside the run" if foreign else
-            "adopted in the process groups of the caller's jobs", ", ".join(
-                str(p["pid"]) for p in (foreign or unattributed)[:10]),
-            "; give each sandbox a uid of its own" if foreign else ", and were left alone; "
-            "start the supervisor without background jobs, or with --new-session")
-    count = receipt["survivors_count"]
-    if not survivors:
-        return ("cleanup not confirmed: %s; do not reuse this sandbox" % (
-            "the processes kept changing while /proc was read" if count == 0
-            else "what is still alive could not be observed"))
-    return ("cleanup not confirmed: %s process(es) still alive (%s); do not reuse this "
-            "sandbox" % (count if count is not None else "at least %d" % len(survivors),
-                         ", ".join(str(s["pid"]) for s in survivors[:10])))
 
 
 def _exit(status):

@@ -62,7 +62,7 @@ def test_bad_timeout_is_refused(sandbox, value):
     refused(sandbox, good(sandbox, **{"--timeout": value}), must_name="--timeout")
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan", "abc"])
+@pytest.mark.parametrize("value", ["-0", "-1", "nan", "abc", "0x0"])
 def test_bad_cleanup_timeout_is_refused(sandbox, value):
     refused(sandbox, good(sandbox, **{"--cleanup-timeout": value}), must_name="--cleanup-timeout")
 

@@ -312,7 +312,7 @@ def test_the_readme_api_example_runs(tmp_path):
     receipt = tmp_path / "new" / "dir" / "receipt.json"
     code = ("import supervisor\n"
             "r = supervisor.supervise(['sh', '-c', 'exit 5'], timeout=60, cleanup_timeout=1,\n"
-            "                         stop_path=%r, workdir=%r)\n"
+            "                         stop_file=%r, workdir=%r)\n"
             "supervisor.write_receipt(r, %r)\n"
             "print(r['exit_status'])\n" % (str(tmp_path / "stop"), str(tmp_path), str(receipt)))
     assert run_python(code).strip() == "5"

@@ -42,39 +42,62 @@ def receipt_of(result, paths):
 
 # --- Refusals: never a limit silently unenforced ------------------------------------------------
 
-@pytest.mark.parametrize("option, value", [("--memory-max", "64M"), ("--pids-max", "20"),
-                                           ("--cpu-time", "5")])
-def test_a_limit_with_no_cgroup_is_refused_before_anything_starts(paths, option, value):
+def test_every_limit_with_no_cgroup_is_refused_in_one_line_before_anything_starts(paths):
     marker = paths.work / "ran"
-    result = run_supervisor(*paths.options() + ["--containment", "proc", option, value, "--",
+    result = run_supervisor(*paths.options() + ["--containment", "proc", "--memory-max", "64M",
+                                                "--pids-max", "20", "--cpu-time", "5", "--",
                                                 "touch", marker])
     assert result.returncode == 125
-    assert result.stderr.count("\n") == 1 and option in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "--memory-max, --pids-max, --cpu-time: needs a cgroup" in result.stderr
     assert not marker.exists() and not paths.receipt.exists()
 
 
-@pytest.mark.skipif(not HAS_CGROUP or {"memory", "pids"} <= set(controllers_here()),
-                    reason="needs a cgroup v2 without the memory and pids controllers (as here, "
-                    "where they are on cgroup v1)")
-@pytest.mark.parametrize("option, value, controller", [("--memory-max", "64M", "memory"),
-                                                       ("--pids-max", "20", "pids")])
-def test_a_limit_whose_controller_is_not_in_cgroup_v2_is_refused(paths, option, value,
-                                                                  controller):
+def test_limits_whose_controllers_are_not_in_cgroup_v2_are_refused_with_the_cause_read(paths):
+    """Both options in one line (a user fixes both at once), each with the
+    cause /proc/self/cgroup shows (here: on a cgroup v1 hierarchy) and a way
+    out."""
+    with open("/proc/self/cgroup") as f:
+        v1 = {name for line in f for name in line.split(":")[1].split(",")}
     marker = paths.work / "ran"
-    result = run_supervisor(*paths.options() + [option, value, "--", "touch", marker])
+    result = run_supervisor(*paths.options() + ["--memory-max", "64M", "--pids-max", "20", "--",
+                                                "touch", marker])
     assert result.returncode == 125
     assert result.stderr.count("\n") == 1, result.stderr
-    assert option in result.stderr and "the %s controller" % controller in result.stderr
+    for option, controller in (("--memory-max", "memory"), ("--pids-max", "pids")):
+        assert "%s (%s)" % (option, controller) in result.stderr
+    if {"memory", "pids"} <= v1:
+        assert "on cgroup v1 here" in result.stderr and "not delegated" not in result.stderr
+        assert "cgroup v2 only" in result.stderr
     assert not marker.exists() and not paths.receipt.exists()
+
+
+def test_a_controller_not_on_v1_is_said_to_be_not_delegated():
+    """The other cause, where /proc/self/cgroup lists no v1 hierarchy (a
+    pure cgroup v2 host whose parent cgroup kept the controller)."""
+    import supervisor
+
+    class Fs(object):
+        def read(self, path):
+            return {"self/cgroup": b"0::/job\n"}[path]
+
+    class Home(object):
+        shown = "/sys/fs/cgroup/job"
+
+    line = supervisor._controllers_refused(Fs(), [("--memory-max", "memory")], Home())
+    assert "--memory-max (memory): controller not delegated to /sys/fs/cgroup/job" in line
+    assert "systemd-run --scope -p Delegate=yes" in line and "v1" not in line
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--memory-max", "1.5G"], "--memory-max: '1.5G' is not a positive number of bytes"),
+    (["--memory-max", "1.5.G"], "--memory-max: '1.5.G' is not a positive number of bytes"),
+    (["--memory-max", "1e9"], "--memory-max: '1e9' is not"),
     (["--memory-max", "0"], "--memory-max: '0' is not"),
     (["--memory-max", "1BBB"], "--memory-max: '1BBB' is not"),
     (["--memory-max", "16777216T"], "--memory-max: '16777216T' is not"),
     (["--memory-max", "1000"], "--memory-max: at least 1M"),
     (["--pids-max", "10K"], "--pids-max: '10K' is not a positive number"),
+    (["--pids-max", "1.5"], "--pids-max: '1.5' is not a positive number"),
     (["--cpu-time", "-1"], "--cpu-time: '-1' is not a positive duration"),
     (["--max-output", "1M"], "--max-output: needs --output FILE"),
     (["--output", "OUT", "--max-output", "1000"], "--max-output: at least 1K"),
@@ -89,9 +112,11 @@ def test_limit_options_are_checked(paths, args, words):
 
 
 def test_sizes_read_as_users_of_such_tools_expect():
+    """The units and the fractions systemd's MemoryMax= takes."""
     import supervisor
     for text, size in [("4096", 4096), ("512K", 512 << 10), ("512M", 512 << 20),
-                       ("2G", 2 << 30), ("1GiB", 1 << 30), ("64mb", 64 << 20)]:
+                       ("2G", 2 << 30), ("1GiB", 1 << 30), ("64mb", 64 << 20),
+                       ("1.5G", 3 << 29), ("0.5K", 512), ("1P", 1 << 50), ("2E", 2 << 60)]:
         assert supervisor._parse_size(text, "--memory-max") == size
 
 

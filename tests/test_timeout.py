@@ -21,15 +21,20 @@ under "GNU timeout"):
   them whatever its caller had): nohup and a script's `cmd &` mean it.
 Not a case of theirs, but a difference all the same: without -k, timeout(1)
 never sends SIGKILL; here every stop ends in SIGKILL after the grace (10 s
-by default), so that nothing of the run is left.
+by default), so that nothing of the run is left; -k 0 asks for timeout(1)'s
+way (no end to the grace but a second stop signal).
 """
 import os
 import shlex
 import signal
+import subprocess
 
 import pytest
 
-from conftest import IS_ROOT, PY, SUPERVISOR, alive, plain_signals, run, spawn, wait_until
+from conftest import (IS_ROOT, PY, SUPERVISOR, alive, plain_signals, read_lines, read_receipt,
+                      run, spawn, wait_until)
+
+import supervisor  # noqa: E402  (exec_timeout alone: no run in-process)
 
 # LDBL_MAX, as coreutils' getlimits_ prints it; and one past the largest time_t
 # and unsigned int.
@@ -231,3 +236,33 @@ def test_foreground_is_refused_with_the_reason():
     result = run(timeout("--foreground", "1", "true"), cwd="/")
     assert result.returncode == 125
     assert result.stderr.count("\n") == 1 and "--foreground is not supported" in result.stderr
+
+
+def test_k_0_lets_the_grace_last_until_the_run_ends_as_timeout_k_0_does(tmp_path):
+    """As timeout(1) -k 0 ("a duration of 0 disables the associated
+    timeout"): no SIGKILL after the stop signal. A command that ignores
+    SIGTERM ends in its own time, with its own status in the receipt (a 0
+    read as "no grace" would have killed it); a second stop signal still
+    ends the run at once (another, or the same after _STOP_BURST)."""
+    receipt = tmp_path / "receipt.json"
+    ignores = "trap '' TERM; touch %s; sleep %%s; exit 3" % (tmp_path / "running")
+    result = run([PY, SUPERVISOR, "-k", "0", "--receipt", str(receipt), "--timeout", ".2", "--",
+                  "sh", "-c", ignores % "1.5"], cwd="/")
+    written = read_receipt(receipt)
+    assert result.returncode == 124, result.stderr
+    assert written["return_code"] == 3 and written["cleanup_timeout_s"] == 0, written
+    assert written["cleanup_confirmed"] is True and written["ladder"][0]["duration_s"] >= 1
+    (tmp_path / "running").unlink()
+    proc = spawn([PY, SUPERVISOR, "-v", "-k0", "--receipt", str(receipt), "--timeout", "60",
+                  "--", "sh", "-c", ignores % "60"], cwd="/",
+                 preexec_fn=plain_signals(), stderr=subprocess.PIPE)
+    assert wait_until((tmp_path / "running").exists)
+    proc.send_signal(signal.SIGTERM)
+    assert "SIGTERM received" in read_lines(proc.stderr, 2)[1]
+    proc.send_signal(signal.SIGINT)  # the grace has no end but another stop signal
+    status = proc.wait(timeout=60)
+    proc.stderr.close()
+    written = read_receipt(receipt)
+    assert status == 137, written
+    assert written["return_code"] == -signal.SIGKILL and written["cleanup_confirmed"] is True
+    assert supervisor.exec_timeout(10, 0) == float("inf")
