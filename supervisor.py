@@ -53,7 +53,7 @@ its entry points, in the order they stand (tests/test_docs.py checks it):
     When the supervisor fails        _fail, _abandon, _release
     The receipt                      _receipt (the projection), _ReceiptTarget
     The API                          exec_timeout, supervise, write_receipt, parse_duration
-    The owner's teardown             end_kept, _end_kept_trees, _end_kept_cgroups
+    The owner's teardown             end_kept, _kept_alive, _end_kept_cgroups
     The command line                 _OPTIONS (the one table of options), _parse_args, main
 """
 import errno
@@ -1201,11 +1201,10 @@ class _Walker(object):
     processes pinned by a pidfd after /proc showed that their parent, alive
     and proven, is their parent still."""
 
-    def __init__(self, fs, children, callers, reaper, budget, record, roots=None):
+    def __init__(self, fs, children, callers, reaper, budget, record):
         self.fs, self.children, self.callers = fs, children, callers
         self.reaper, self.budget, self.record = reaper, budget, record
         self.me = children.me
-        self.roots = roots          # --end-kept: {pid: pin} of the kept processes
 
     def claimed(self, proc, scope):
         """The caller's, or unattributed (see _CallersJobs.claims)."""
@@ -1221,7 +1220,7 @@ class _Walker(object):
         or, when it found nothing but was disturbed, a shorter one."""
         reach = scope.reach or _GROUP
         _signal_group(self.fs, scope.group, signal.SIGSTOP)
-        if reach == _RUN and self.roots is None:
+        if reach == _RUN:
             self._stop_own_children(scope, endtime)
         walk = self.walk(scope, hold=True, kill=True, endtime=endtime, reach=reach)
         _signal_group(self.fs, scope.group, signal.SIGKILL)
@@ -1267,11 +1266,11 @@ class _Walker(object):
         reach = scope.reach if reach is None else reach
         walk = _Walk()
         # Items are (parent node, pid) to visit, or (node, None) to leave.
-        stack = [(None, pid) for pid in reversed(self._top(endtime))]
+        stack = [(None, pid) for pid in reversed(self.children.all(endtime))]
         try:
             while stack:
                 out_of_time = endtime is not None and _now() >= endtime
-                if not out_of_time and self.roots is None:  # --end-kept reaps nothing
+                if not out_of_time:
                     self.reaper.reap_when_due(walk.held)
                 parent, pid = stack.pop()
                 if pid is None:
@@ -1301,11 +1300,6 @@ class _Walker(object):
                 _close_pins(walk.pins)
                 walk.pins = []
         return walk
-
-    def _top(self, endtime):
-        if self.roots is None:
-            return self.children.all(endtime)
-        return [pid for pid, pin in self.roots.items() if not _readable(pin.fd)]
 
     def _leave(self, node, kill, walk, scope):
         """Its children are done: kill it (with kill), and keep its pin, for
@@ -1340,7 +1334,7 @@ class _Walker(object):
             # have handed its children to a list read before.
             walk.stable = False
             return _closed(pin)
-        if parent is None and self.roots is None:
+        if parent is None:
             # test_trust.py::test_orphans_of_the_callers_jobs_are_neither_kept_nor_killed
             if self.claimed(proc, scope):
                 return _closed(pin)
@@ -1359,20 +1353,13 @@ class _Walker(object):
         return (proc, _closed(pin))
 
     def _below(self, proc, parent_proc):
-        """Is proc still where the walk found it: its parent's child, ours
-        (at the top), or the kept process --end-kept was given (its start
-        time)?"""
-        if parent_proc is not None:
-            return proc.ppid == parent_proc.pid
-        if self.roots is None:
-            return proc.ppid == self.me
-        return proc.start == self.roots[proc.pid].proc.start
+        """Is proc still where the walk found it: its parent's child, or ours
+        (at the top)?"""
+        return proc.ppid == (parent_proc.pid if parent_proc is not None else self.me)
 
     def _prove(self, parent, pid):
         """A pin on pid if it is provably ours, else None. Our own child is
-        ours: unreaped, its pid stays its own. A root of --end-kept is proven
-        by the pidfd --end-kept took before it read the start time. Any other
-        process is ours when /proc shows, after its pidfd was taken, that its
+        ours: unreaped, its pid stays its own. Any other process is ours when /proc shows, after its pidfd was taken, that its
         parent is a process we proved: if the pidfd still shows it alive, the
         stat read was its own; if the parent's pin (or the parent being our
         unreaped child) still holds the parent, the ppid read was that
@@ -1380,15 +1367,12 @@ class _Walker(object):
         parent_proc, parent_pin = parent or (None, None)
         parent_fd = parent_pin.fd if parent_pin is not None else None
         parent_is_ours = parent_proc is None or parent_proc.ppid == self.me
-        if parent_proc is None and self.roots is not None:
-            fd = _high_fd(os.dup(self.roots[pid].fd))
-        elif not parent_is_ours and parent_fd is None:
+        if not parent_is_ours and parent_fd is None:
             return None  # an unproven parent: its children wait to be adopted
-        else:
-            fd = self.budget.pidfd(pid)
-            # test_drain.py::test_without_pidfds_the_walk_still_drains_and_confirms
-            if fd is False or (fd is None and parent_proc is not None):
-                return None
+        fd = self.budget.pidfd(pid)
+        # test_drain.py::test_without_pidfds_the_walk_still_drains_and_confirms
+        if fd is False or (fd is None and parent_proc is not None):
+            return None
         pin = _Pin(None, fd)
         try:
             pin.proc = self.fs.stat(pid)
@@ -4754,16 +4738,19 @@ def parse_duration(text, option="--timeout"):
 
 
 def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
-    """End what a receipt (a dict, as written) kept, and their descendants,
-    with SIGKILL, as a run's drain ends what it does not keep: in cgroup
-    mode the whole kept cgroup at once; else each kept process whose start
-    time is the receipt's, and what descends from it, by the run's walk
-    (frozen, killed children first, each proven by a pidfd). A pid whose
-    start time differs (reused, or a forged receipt) is left alone. Returns
-    (all gone: bool, one line saying what was done)."""
+    """End what a receipt (a dict, as written) kept, with all it started
+    since: its kept cgroup, at once (cgroup.kill), as a run's drain ends it.
+    A run that kept processes without a cgroup is refused: nothing holds all
+    of what they started (a kept process that exits hands its children to
+    init, where no pid leads), so nothing could say "all gone"; their owner
+    ends them. Returns (all gone: bool, one line saying what was done)."""
     endtime = _now() + _check_seconds(cleanup_timeout, "cleanup_timeout")
+    kept = receipt.get("preserved") or []
+    if kept and not receipt.get("kept_cgroup"):
+        raise UsageError("--end-kept: the run kept %d process(es) without a cgroup (containment "
+                         "%s): nothing holds all they started; end them as their owner, or "
+                         "keep with a cgroup" % (len(kept), receipt.get("containment")))
     fs = _ProcFS()
-    roots = {}
     try:
         here = _namespaces(fs)
         # test_api.py::test_end_kept_refuses_a_receipt_of_other_namespaces
@@ -4771,89 +4758,28 @@ def end_kept(receipt, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT):
             raise UsageError("--end-kept: the receipt's pids and cgroups are another namespace's "
                              "(%s, here %s); run --end-kept where the run ran" % (
                                  receipt.get("namespaces"), here))
-        roots, exited, left_alone = _kept_roots(fs, receipt.get("preserved") or [])
-        done, ended, note = True, 0, None
-        if receipt.get("kept_cgroup"):
-            done, ended, note = _end_kept_cgroups(fs, receipt, roots, endtime)
-        # Whatever of the kept is alive outside a cgroup ended: by the walk.
-        alive = dict((pid, pin) for pid, pin in roots.items() if not _readable(pin.fd))
-        if alive:
-            gone, count = _end_kept_trees(fs, alive, endtime)
-            done, ended = done and gone, ended + count
-        if not receipt.get("kept_cgroup"):
-            # test_api.py::test_end_kept_never_says_all_gone_when_a_kept_process_exited_first
-            if exited:
-                # What a kept process that exited started went to init: no
-                # cgroup holds it, no pid leads there. Nothing can be said of it.
-                done, note = False, ("%s exited before: what it started cannot be found "
-                                     "without a cgroup" % ", ".join(str(pid) for pid in exited))
-            done = done and not left_alone
+        done, ended, note = _end_kept_cgroups(fs, receipt, endtime) if receipt.get(
+            "kept_cgroup") else (True, 0, None)
     finally:
-        _close_pins(roots.values())
         fs.close()
-    words = ["ended %d process(es)" % ended] + ([note] if note else []) + [
-        "left alone: %s" % ", ".join(left_alone)] * bool(left_alone)
-    return done, ("all kept processes are gone: " if done else "NOT all gone: ") + "; ".join(words)
+    return done, ("all kept processes are gone: " if done else "NOT all gone: ") + "; ".join(
+        ["ended %d process(es)" % ended] + [note] * bool(note))
 
 
-def _kept_roots(fs, entries):
-    """{pid: pin} on the receipt's kept processes that are still those
-    processes (pinned first, then the start time read: a pid reused since
-    cannot pass); the pids of those that exited; and what was left alone."""
-    roots, exited, left_alone = {}, [], []
+def _kept_alive(fs, entries):
+    """The pids of the receipt's kept processes that are alive and still
+    those processes (the start time the receipt's: a pid reused since is
+    another's)."""
+    alive = []
     for entry in entries:
-        pid, start = entry.get("pid"), entry.get("start_time")
-        if not isinstance(pid, int) or not isinstance(start, int) or pid <= 1:
-            left_alone.append("%r (not a pid and start time)" % (pid,))
-            continue
-        try:
-            fd = _pidfd_open(pid)
-        except ProcessLookupError:
-            exited.append(pid)
-            continue
-        if fd is None:
-            raise SupervisorError("--end-kept needs pidfds (Linux 5.3) to prove a pid is the "
-                                  "kept process")
-        proc = fs.stat(pid)
-        if proc is None or not proc.live or _readable(fd):
-            os.close(fd)
-            exited.append(pid)
-        # test_api.py::test_end_kept_ends_what_a_receipt_kept_and_leaves_a_reused_pid_alone
-        elif proc.start != start:
-            os.close(fd)
-            left_alone.append("%d (start time %d, not the receipt's %d)" % (pid, proc.start, start))
-        else:
-            roots[pid] = _Pin(proc, fd)
-    return roots, exited, left_alone
+        pid = entry.get("pid") if isinstance(entry, dict) else None
+        proc = fs.stat(pid) if isinstance(pid, int) and pid > 1 else None
+        if proc is not None and proc.live and proc.start == entry.get("start_time"):
+            alive.append(pid)
+    return alive
 
 
-def _end_kept_trees(fs, roots, endtime):
-    """(all gone, how many were found): rounds of the drain's kill walk from
-    the kept processes down, until they and all it found are seen to exit.
-    Should a kept process die while something found below it lives on,
-    that is lost to init: never all gone."""
-    children = _Children(fs)
-    callers, record = _CallersJobs(), _Record(fs)
-    walker = _Walker(fs, children, callers, _Reaper(children, callers), _FdBudget(fs), record,
-                     roots=roots)
-    lost = False
-    while True:
-        before = [pid for pid, pin in roots.items() if not _readable(pin.fd)]
-        round_ = walker.kill_round(_Scope(None), endtime)
-        try:
-            gone = _wait_for(None, round_.waiter, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
-            gone = gone and round_.walk.stable and len(round_.walk.pins) == len(round_.walk.found)
-        finally:
-            round_.close()
-        left = [pid for pid in before if not _readable(roots[pid].fd)]
-        lost = lost or (not gone and len(left) < len(before))
-        if not left:
-            return gone and not lost, len(record.ended)
-        if _now() >= endtime:
-            return False, len(record.ended)
-
-
-def _end_kept_cgroups(fs, receipt, roots, endtime):
+def _end_kept_cgroups(fs, receipt, endtime):
     """cgroup.kill on the receipt's kept cgroup, then its removal, if it is
     one this supervisor makes (named after the run's cgroup: that one, when
     everything was kept, or RUN.kept-RANDOM), if the receipt kept anything,
@@ -4863,6 +4789,7 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
     cgroup whose listed processes all died holds what descends from them:
     no pid chain leads there any more, and it is ended too. (done, how many
     it held, a note)."""
+    alive = _kept_alive(fs, receipt.get("preserved") or [])
     path, run_path = receipt["kept_cgroup"], str(receipt.get("cgroup") or "")
     name, run_name = path.rsplit("/", 1)[-1], run_path.rsplit("/", 1)[-1]
     # test_containment.py::test_a_forged_kept_cgroup_is_left_alone
@@ -4879,7 +4806,7 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
         if _maker_alive(fs, cgroup.fd, _mark(cgroup.fd)):
             return False, 0, "kept_cgroup %s is its run's still: left alone" % cgroup.path
         # test_containment.py::test_a_forged_kept_cgroup_is_left_alone
-        if any(not cgroup.holds(fs.cgroup_of(pid)) for pid in roots):
+        if any(not cgroup.holds(fs.cgroup_of(pid)) for pid in alive):
             return False, 0, ("kept_cgroup %s does not hold the processes the receipt kept: "
                               "left alone" % cgroup.path)
         count = len(cgroup.procs())
@@ -4888,8 +4815,8 @@ def _end_kept_cgroups(fs, receipt, roots, endtime):
         home.remove_child(cgroup)
         return True, count, None
     except (OSError, _NoCgroup) as e:
-        # test_api.py::test_end_kept_ends_a_kept_process_whose_cgroup_is_gone_and_reaps_nothing_of_the_callers
-        if cgroup is None and getattr(e, "errno", None) == errno.ENOENT:
+        # test_api.py::test_end_kept_never_says_all_gone_of_a_kept_process_outside_its_removed_cgroup
+        if cgroup is None and getattr(e, "errno", None) == errno.ENOENT and not alive:
             return True, 0, None  # removed already: nothing in it
         return False, 0, "kept_cgroup %s: %s" % (path, getattr(e, "strerror", None) or e)
     finally:
@@ -4908,45 +4835,48 @@ _OPTIONS = (
     (("--timeout",), "timeout", "duration", None, True,
      "DURATION the deadline, from COMMAND's start (required): 90, 1.5, 10m, 2h, 1d"),
     (("-k", "--kill-after", "--cleanup-timeout"), "cleanup_timeout", "grace",
-     DEFAULT_CLEANUP_TIMEOUT, True, "DURATION bound of EACH of the three cleanup phases: grace, "
-     "kill, drain (10); 0, as timeout -k 0: no end to the grace"),
+     DEFAULT_CLEANUP_TIMEOUT, True, "DURATION the time EACH cleanup step may take: the grace "
+     "after the stop signal, the wait after SIGKILL, the drain (10); 0, as in timeout -k 0: "
+     "the grace has no end"),
     (("-s", "--signal"), "stop_signal", "signal", "TERM", True,
-     "SIG the first signal of a stop (TERM; 0: none, the grace, then SIGKILL)"),
+     "SIG the signal a stop sends first (TERM; 0: none, only the grace, then SIGKILL)"),
     (("--stop-file",), "stop_file", "path", None, True,
-     "PATH if anything is there, COMMAND never starts; else the run stops then"),
-    (("--receipt",), "receipt", "path", None, True, "PATH the receipt, outside the workdir (an "
-     "earlier one there is removed)"),
+     "PATH stop the run when PATH appears (if it is there already, COMMAND never starts)"),
+    (("--receipt",), "receipt", "path", None, True, "PATH write the JSON receipt there, outside "
+     "the workdir (an older one there is removed first)"),
     (("--workdir",), "workdir", "path", None, True,
-     "DIR COMMAND's current directory (default: this one; from /, no workdir)"),
+     "DIR run COMMAND in DIR (default: the current directory, which the receipt must then "
+     "be outside of, unless it is /)"),
     (("--user",), "user", "text", None, True,
-     "USER[:GROUP] run COMMAND as that user: it cannot touch the supervisor or receipt"),
-    (("--memory-max",), "memory_max", "size", None, True, "SIZE all the run's memory, swap "
-     "included (512M, 2G), or it is killed"),
+     "USER[:GROUP] run COMMAND as that user, who cannot touch the supervisor or the receipt"),
+    (("--memory-max",), "memory_max", "size", None, True, "SIZE the memory of all the run's "
+     "processes together, swap included (512M, 1.5G); past it, the run is killed"),
     (("--pids-max",), "pids_max", "count", None, True,
      "N at most N processes and threads in the run at once (a fork past it fails)"),
     (("--cpu-time",), "cpu_time", "seconds", None, True,
-     "DURATION CPU time of the whole run; spent, the run is killed at once (no grace)"),
+     "DURATION the CPU time of all the run's processes; once spent, the run is killed at once"),
     (("--output",), "output", "path", None, True,
-     "FILE COMMAND's stdout and stderr go to FILE (made anew)"),
-    (("--max-output",), "max_output", "size", None, True, "SIZE at most SIZE bytes in FILE: "
-     "the head and the tail (with --output)"),
+     "FILE send COMMAND's stdout and stderr to FILE (made anew)"),
+    (("--max-output",), "max_output", "size", None, True, "SIZE keep at most SIZE bytes in "
+     "FILE: the head and the tail (with --output)"),
     (("--containment",), "containment", CONTAINMENTS, "auto", True,
-     "auto|cgroup|proc a cgroup of its own where one can be made, or insist, or none"),
+     "auto|cgroup|proc give the run a cgroup of its own where one can be made (auto), "
+     "insist on one (cgroup), or use none (proc)"),
     (("--drain-all",), "policy", POLICIES, "drain-all", True,
-     "the default: drain every process of the run"),
+     "end every process of the run when it ends (the default)"),
     (("--preserve-descendants-on-success",), "policy", POLICIES,
-     "preserve-descendants-on-success", True, "after a natural exit 0, keep every process "
-     "of the run; else drain all"),
+     "preserve-descendants-on-success", True, "when COMMAND exits 0 by itself, leave every "
+     "process it started running; otherwise end them all"),
     (("--preserve-status",), "preserve_status", "flag", False, True,
      "exit with COMMAND's status even when the run was stopped (125 still wins)"),
     (("-v", "--verbose"), "verbose", "flag", False, True,
-     "say on stderr when it starts and stops, what it drained and kept"),
-    (("--summary",), "summary", "path", None, True, "PATH also write a few lines on how it "
-     "ended there, 4 KiB at most, in place (/dev/termination-log)"),
-    (("--new-session",), "new_session", "flag", False, False, "leave the caller's session: "
-     "a kill of its group cannot stop the drain"),
-    (("--end-kept",), "end_kept", "path", None, False, "RECEIPT end what that receipt "
-     "kept, within -k; exit 0 when all is gone"),
+     "say on stderr when the run starts and stops, what it ended and kept, what it cost"),
+    (("--summary",), "summary", "path", None, True, "PATH also write a short account of how "
+     "the run ended to PATH, 4 KiB at most (/dev/termination-log)"),
+    (("--new-session",), "new_session", "flag", False, False, "leave the caller's session, so "
+     "that a kill of the caller's process group cannot stop the cleanup"),
+    (("--end-kept",), "end_kept", "path", None, False, "RECEIPT end what an earlier run kept "
+     "(its receipt), within -k; exit 0 when all of it is gone"),
     (("--prepare-cgroup",), "prepare_cgroup", "flag", False, False, "move every process of "
      "this cgroup into a leaf, so that later runs can have limits (a container's entrypoint)"),
     ((), "stop_with_parent", "pid", None, True, None),
@@ -4976,9 +4906,10 @@ exit_status, return_code, stop_reason, preserved (what was kept), drained,
 survivors, error. No receipt: the cleanup was not confirmed.
 
 exit status: COMMAND's own; 124 deadline or stop file; 125 supervisor failure
-or cleanup not confirmed; 126 cannot execute; 127 not found; 128+N signal N;
-137 a stop had to SIGKILL COMMAND. Every option, signal and key:
-docs/reference.md.
+or cleanup not confirmed; 126 cannot execute; 127 not found; 128+N stopped by
+signal N (130: Ctrl-C); 137 a stop had to SIGKILL COMMAND (or the OOM killer
+did). Every option, signal and receipt key: docs/reference.md, beside this
+file in the treereap source tree it was copied from.
 """
 
 
