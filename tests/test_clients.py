@@ -373,6 +373,18 @@ def test_pip_install_beside_supervisord(tmp_path):
     result = run([venv / "bin" / "treereap", "--timeout", "5", "--", "sh", "-c", "exit 7"],
                  cwd=str(tmp_path))
     assert result.returncode == 7
+    # The README's API example, saved in an empty directory and run there
+    # (the fallback to `import supervisor` would find supervisord's here).
+    from test_readme import GROUPS
+    code = [code for name, blocks in sorted(GROUPS.items()) if name.startswith("README.md:")
+            for language, code in blocks if language == "python"][0]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "example.py").write_text(code)
+    env = dict((k, v) for k, v in os.environ.items() if k != "PYTHONPATH")
+    result = run([venv / "bin" / "python", "example.py"], cwd=str(empty), env=env)
+    assert result.returncode == 0 and result.stdout == "started\n1 drained\n", result.stderr
+    assert os.listdir(str(empty)) == ["example.py"]
 
 
 # --- Kubernetes: a summary as the termination message -------------------------------------------

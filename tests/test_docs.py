@@ -130,3 +130,68 @@ def test_the_index_names_every_section_and_its_entry_points_in_file_order():
         where = [defined.index(name) for name in named]
         assert where == sorted(where), "the index lists %r out of the file's order: %s" % (
             title, named)
+
+
+# --- Every key a receipt holds is in the reference's table ---------------------------------------
+
+def receipt_table():
+    """{key: the meaning's text} from the rows of docs/reference.md's
+    receipt table (a row may name several keys, each in backticks)."""
+    with open(os.path.join(ROOT, "docs", "reference.md")) as f:
+        text = f.read().split("\n## The receipt\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in text.splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| `") and len(cells) >= 3:
+            for key in re.findall(r"`([a-z_]+)`", cells[0]):
+                rows[key] = " | ".join(cells[2:])
+    return rows
+
+
+def written_keys(options, command):
+    """{where: set of keys} of the receipt a run writes: the top level, and
+    the keys of each object and of each list's entries below it; and the
+    receipt."""
+    from conftest import read_receipt, run_supervisor
+    receipt_path = options[options.index("--receipt") + 1]
+    result = run_supervisor(*options + ["--"] + command)
+    assert result.returncode in (0, 124), result.stderr
+    receipt = read_receipt(receipt_path)
+    found = {"": set(receipt)}
+    for key, value in receipt.items():
+        for entry in value if isinstance(value, list) else [value]:
+            if isinstance(entry, dict):
+                found.setdefault(key, set()).update(entry)
+                for inner, deeper in entry.items():
+                    if isinstance(deeper, dict):
+                        found.setdefault(inner, set()).update(deeper)
+    return found, receipt
+
+
+def test_every_key_a_receipt_holds_is_documented(paths, tmp_path):
+    """Runs that fill the receipt's objects and lists (a kept process, a
+    drain, the output cap, a limit where a cgroup takes one), and each key
+    they write, at the top or inside an object or a list's entries, is named
+    in the reference's table: a top-level key in its first column, a key
+    below it in its row's meaning."""
+    from conftest import HAS_CGROUP, kill_all
+    table, found = receipt_table(), {}
+    kept_run = paths.options() + ["--preserve-descendants-on-success"]
+    keys, receipt = written_keys(kept_run, ["sh", "-c", "setsid -f sleep 300 >/dev/null 2>&1"])
+    kill_all([p["pid"] for p in receipt["preserved"]])
+    stopped_run = paths.options(timeout=0.5) + [
+        "--output", str(tmp_path / "run.log"), "--max-output", "1K"] + (
+            ["--cpu-time", "60"] if HAS_CGROUP else [])
+    more, _ = written_keys(stopped_run, ["sh", "-c", "echo out; sleep 300 & exec sleep 300"])
+    for where, each in list(keys.items()) + list(more.items()):
+        found.setdefault(where, set()).update(each)
+    assert found[""] == set(table), "keys written but not documented: %s; documented but " \
+        "not written: %s" % (sorted(found[""] - set(table)), sorted(set(table) - found[""]))
+    assert {"ladder", "preserved", "drained", "usage", "output", "namespaces"} <= set(found)
+    for where, each in found.items():
+        if where:
+            meaning = table.get(where) or next(text for text in table.values()
+                                               if "`%s`" % where in text)
+            missing = [key for key in each if '"%s"' % key not in meaning
+                       and "`%s`" % key not in meaning]
+            assert missing == [], "%s: %s written, not in its row" % (where, missing)

@@ -3,8 +3,10 @@
 (run alone), `<!-- example: NAME -->` (run with the other blocks of that
 name in the same file, in order, in one directory) or `<!-- not run: why -->`;
 an unmarked one fails this test. Each runs in a directory of its own holding
-a copy of supervisor.py, as a user who has just copied the file would run
-it."""
+a copy of supervisor.py (and of scripts/build_pyz.py), as a user who has
+just copied the file would run it, with a TMPDIR of its own; and leaves
+nothing in that directory. The Kubernetes recipe's manifest is parsed, and
+its numbers checked against the stop's bound."""
 import os
 import re
 import shutil
@@ -14,13 +16,13 @@ import pytest
 
 from conftest import PY, ROOT, SUPERVISOR, run, wait_until
 
+import supervisor  # noqa: E402  (exec_timeout, parse_duration: no run in-process)
+
 # The files whose examples run, by their path in the checkout: a group's name
 # starts with it, so the names of two files cannot collide.
 DOCUMENTS = ("README.md", "docs/recipes.md")
 BLOCK = re.compile(r"(?:<!-- (example(?:: [\w-]+)?|not run: [^>]*) -->\n)?```(\w*)\n(.*?)```",
                    re.S)
-# Paths the controller's example uses as a sandbox's would: cleared around it.
-FIXED_PATHS = ("/tmp/session", "/tmp/process_supervisor.py")
 
 
 def examples():
@@ -58,11 +60,11 @@ CLAIMS = [
     ("timeout -k 60 100 python3 supervisor.py",
      lambda result, top: "exit status 124" in result.stdout),
     # The CI step's test server is drained when the step ends, and -v says so.
-    ("-- sh ci-step.sh",
+    ('-- sh "$RUNNER_TEMP/step.sh"',
      lambda result, top: " 1 drained" in result.stderr and "tests passed" in result.stdout
      and read_json(top / "runner" / "receipt.json")["cleanup_confirmed"] is True),
     # The owner's teardown ends what the receipt kept.
-    ("--end-kept ctl/receipt.json",
+    ('--end-kept "$top/receipt.json"',
      lambda result, top: "all kept processes are gone: ended 1" in result.stderr),
 ]
 
@@ -76,46 +78,108 @@ def test_every_example_is_marked():
     assert all(line in every_code for line, _ in CLAIMS)  # no claim checks nothing
 
 
-def background_log():
+def checkout(tmp_path):
+    """A user's directory: the copied file (and the pyz builder), a TMPDIR
+    and a CI runner's temporary directory beside it, outside it."""
+    here = tmp_path / "checkout"  # as a CI job's: RUNNER_TEMP is outside it
+    (here / "scripts").mkdir(parents=True)
+    shutil.copy(SUPERVISOR, str(here / "supervisor.py"))
+    shutil.copy(os.path.join(ROOT, "scripts", "build_pyz.py"), str(here / "scripts"))
+    for name in ("runner", "tmp"):
+        (tmp_path / name).mkdir()
+    env = dict(os.environ, RUNNER_TEMP=str(tmp_path / "runner"), TMPDIR=str(tmp_path / "tmp"),
+               PYTHONPATH=str(here))
+    return here, env
+
+
+def run_example(language, code, here, env):
+    argv = ["bash", "-c", code] if language == "sh" else [PY, "-c", code]
+    return run(argv, cwd=str(here), env=env, stdout=subprocess.PIPE)
+
+
+def session_log(tmp_path):
     """What the controller's launch, run in the background, said."""
     try:
-        with open("/tmp/session/output.log") as f:
+        with open(str(tmp_path / "tmp" / "session" / "output.log")) as f:
             return f.read()
     except OSError:
         return None
 
 
-def clear_fixed_paths():
-    for path in FIXED_PATHS:
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.unlink(path)
-
-
 @pytest.mark.parametrize("name", sorted(GROUPS))
 def test_the_example_runs_as_written(name, tmp_path):
-    here = tmp_path / "checkout"  # as a CI job's: RUNNER_TEMP is outside it
-    here.mkdir()
-    shutil.copy(SUPERVISOR, str(here / "supervisor.py"))
-    (tmp_path / "runner").mkdir()
-    env = dict(os.environ, RUNNER_TEMP=str(tmp_path / "runner"), PYTHONPATH=str(here))
-    # Only an example that uses the fixed paths clears them: another one, on
-    # the other worker, must not pull them from under it.
-    fixed = any(path in code for _, code in GROUPS[name] for path in FIXED_PATHS)
-    if fixed:
-        clear_fixed_paths()
-    try:
-        for language, code in GROUPS[name]:
-            argv = ["bash", "-c", code] if language == "sh" else [PY, "-c", code]
-            result = run(argv, cwd=str(here), env=env, stdout=subprocess.PIPE)
-            assert result.returncode == 0, (code, result.stdout, result.stderr, background_log())
-            for line, holds in CLAIMS:
-                if line in code:
-                    assert holds(result, tmp_path), (code, result.stdout, result.stderr)
-        # What an example left in the background (the controller's launch) ends.
-        assert not fixed or wait_until(lambda: not os.path.exists("/tmp/session/supervisor.pid")
-                                       or os.path.exists("/tmp/session/cleanup.json"))
-    finally:
-        if fixed:
-            clear_fixed_paths()
+    here, env = checkout(tmp_path)
+    session = tmp_path / "tmp" / "session"
+    for language, code in GROUPS[name]:
+        result = run_example(language, code, here, env)
+        assert result.returncode == 0, (code, result.stdout, result.stderr, session_log(tmp_path))
+        for line, holds in CLAIMS:
+            if line in code:
+                assert holds(result, tmp_path), (code, result.stdout, result.stderr)
+    # What an example left in the background (the controller's launch) ends.
+    assert wait_until(lambda: not (session / "supervisor.pid").exists()
+                      or (session / "cleanup.json").exists())
+    assert sorted(os.listdir(str(here))) == ["scripts", "supervisor.py"]  # nothing left there
+    assert os.listdir(str(here / "scripts")) == ["build_pyz.py"]
+
+
+def test_a_second_launch_in_the_controllers_session_says_what_to_remove(tmp_path):
+    """The controller's recipe, run through (launch, stop, check), then its
+    launch again in the same session directory: nothing starts, and it says
+    which files to remove, rather than exit 0 in silence."""
+    here, env = checkout(tmp_path)
+    launch, stop = GROUPS["docs/recipes.md:controller"]
+    for language, code in (launch, stop):
+        assert run_example(language, code, here, env).returncode == 0
+    again = run_example(launch[0], launch[1], here, env)
+    session = tmp_path / "tmp" / "session"
+    assert "launched before: remove %s/launch.claim" % session in again.stderr, again.stderr
+    assert not (session / "cleanup.json").exists()  # removed, and no run wrote it again
+
+
+def test_the_controllers_check_fails_when_the_command_never_ran(tmp_path):
+    """A stop that lands before the command starts: the receipt confirms
+    (nothing ran) with return_code null, and the recipe's check fails."""
+    here, env = checkout(tmp_path)
+    launch, stop = GROUPS["docs/recipes.md:controller"]
+    session = tmp_path / "tmp" / "session"
+    session.mkdir()
+    (session / "stop.request").write_text("")  # the stop came before the launch's first look
+    assert run_example(launch[0], launch[1], here, env).returncode == 0
+    check = stop[1][stop[1].index("python3 - "):]
+    assert wait_until((session / "cleanup.json").exists)
+    result = run_example("sh", 'session="${TMPDIR:-/tmp}/session"\n' + check, here, env)
+    assert result.returncode == 1 and "the command never ran" in result.stderr, result.stderr
+
+
+def kubernetes_manifest():
+    import yaml
+    with open(os.path.join(ROOT, "docs", "recipes.md")) as f:
+        text = f.read()
+    block = text.split("<!-- checked: tests/test_readme.py parses this manifest -->\n```yaml\n")
+    return yaml.safe_load(block[1].split("```")[0])
+
+
+def test_the_kubernetes_manifest_gives_the_stop_its_bound():
+    job = kubernetes_manifest()
+    pod = job["spec"]["template"]["spec"]
+    task = [c for c in pod["containers"] if c["name"] == "task"][0]
+    argv = task["command"]
+    timeout = supervisor.parse_duration(argv[argv.index("--timeout") + 1])
+    cleanup = float(argv[argv.index("-k") + 1])
+    assert pod["terminationGracePeriodSeconds"] >= supervisor.exec_timeout(0, cleanup)
+    assert job["spec"]["activeDeadlineSeconds"] > supervisor.exec_timeout(timeout, cleanup)
+    # The file the task runs is the one the init container copies in.
+    init = pod["initContainers"][0]
+    assert argv[:2] == ["python3", init["command"][-1]] and argv[1].endswith("treereap.pyz")
+    mounts = dict((m["name"], m["mountPath"]) for m in task["volumeMounts"])
+    assert mounts[init["volumeMounts"][0]["name"]] == os.path.dirname(argv[1])
+    assert "--summary" in argv and argv[argv.index("--summary") + 1] == "/dev/termination-log"
+    # Each rule says only what its exit codes mean: 137 is claimed by none.
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    codes = dict((rule["action"], rule["onExitCodes"]["values"]) for rule in rules
+                 if "onExitCodes" in rule)
+    assert codes == {"FailJob": [125], "Count": [124]}
+    assert any(rule["action"] == "Ignore" and rule["onPodConditions"] == [
+        {"type": "DisruptionTarget"}] for rule in rules)
+    assert pod["restartPolicy"] == "Never"  # (podFailurePolicy requires it)
