@@ -70,7 +70,7 @@ if sys.version_info < (3, 6):  # one line, not the traceback of the import below
 # calls, without the enum wrappers whose import costs ~3 ms on every run.
 import _signal as signal
 
-__version__ = "3.1.0"
+__version__ = "3.2.0"
 __all__ = [
     "CLEANUP_PHASE_COUNT", "CONTAINMENTS", "DEFAULT_CLEANUP_TIMEOUT", "EXEC_TIMEOUT_SLACK",
     "EXIT_CANNOT_EXECUTE", "EXIT_FAILURE", "EXIT_KILLED", "EXIT_NOT_FOUND", "EXIT_TIMED_OUT",

@@ -287,3 +287,26 @@ def test_version():
     assert result.stdout == "treereap %s\n" % supervisor.__version__
 
 
+
+
+def test_python_2_gets_one_line_and_125():
+    """Python 2 (or 3.5) reads the file far enough to say what it needs, in
+    one line, before an import it lacks would print a traceback."""
+    import glob
+    pythons = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/2.*/bin/python"))) + [
+        p for p in ("/usr/bin/python2", "/usr/bin/python2.7") if os.path.exists(p)]
+    if not pythons:
+        pytest.skip("no Python 2 here (pyenv's 2.7, or /usr/bin/python2)")
+    result = subprocess.run([pythons[0], supervisor.__file__, "--timeout", "5", "--", "true"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=60)
+    assert result.returncode == 125 and result.stdout == ""
+    assert result.stderr.startswith("treereap: needs Python 3.6 or later; this is 2.")
+    assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_dash_V_is_the_version():
+    for flag in ("-V", "--version"):
+        result = run_supervisor(flag)
+        assert result.returncode == 0 and result.stdout.startswith("treereap %s" % (
+            supervisor.__version__)), result.stdout
