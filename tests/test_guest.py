@@ -52,7 +52,7 @@ def test_the_batch_that_needs_cgroup_v2_controllers_passes_in_a_pure_cgroup_v2_g
     # The host's /tmp is seen (a checkout may be there), below the overlay;
     # the tests' own files go to a fresh tmpfs (TMPDIR: on the overlay a
     # copied-up file's st_dev is not its directory's).
-    command = "TMPDIR=/dev/shm %s -m pytest -q -n 0 -p no:cacheprovider -rs -k 'not gib' %s" % (
+    command = "TMPDIR=/dev/shm %s -m pytest -v -n 0 -p no:cacheprovider -rfEs -k 'not gib' %s" % (
         shlex.quote(PY), " ".join(BATCH))
     env = dict(os.environ, TREEREAP_IN_GUEST="1", PYTHONDONTWRITEBYTECODE="1",
                VMRIG_HOST_TMP="1")
@@ -65,13 +65,30 @@ def test_the_batch_that_needs_cgroup_v2_controllers_passes_in_a_pure_cgroup_v2_g
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         output = proc.communicate(timeout=GUEST_LIMIT)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output = proc.communicate()[0]
+        pytest.fail("the guest ran past %d s\n%s" % (GUEST_LIMIT, failures_first(output)))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 0, output[-6000:]
+    assert proc.returncode == 0, failures_first(output)
     summary = output.strip().splitlines()[-1]
-    assert " passed" in summary and "failed" not in summary, output[-6000:]
+    assert " passed" in summary and "failed" not in summary, failures_first(output)
     # In the guest nothing of the batch may be skipped for want of the guest:
     # a skip there would be a test this host never runs.
-    assert "runs in the pure cgroup v2 guest" not in output, output[-6000:]
+    assert "runs in the pure cgroup v2 guest" not in output, failures_first(output)
+
+
+def failures_first(output):
+    """What a failed batch says first: each failed test and its first error
+    line (pytest's short summary, -rfE), and under a timeout the test that
+    was running (-v names each as it starts); then the output's end."""
+    lines = output.splitlines()
+    failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))
+              or line.endswith((" FAILED", " ERROR"))]
+    started = [line for line in lines if line.startswith("tests/") and "::" in line]
+    return "\n".join(["failed: %d" % len(failed)] + failed + [
+        "last started: %s" % (started[-1] if started else "none"), "",
+        "the output's end:", output[-6000:]])
