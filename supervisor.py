@@ -379,14 +379,20 @@ def _open_beneath(dir_fd, device, openat2, path, flags, shown):
     return fd
 
 
+def _ignoring(errors, call, *args, **kwargs):
+    """call(*args, **kwargs), or None when it raises one of `errors`: what
+    it would have done is done already, or not needed, or not possible."""
+    try:
+        return call(*args, **kwargs)
+    except errors:
+        return None
+
+
 def _quietly_signal(pid, sig, group=False):
     """kill or killpg, for a pid or group id we hold: an unreaped child of
     ours, or the group its leader keeps reserved. Gone, or members we may not
     signal (setuid), is not an error here: /proc decides what is left."""
-    try:
-        (os.killpg if group else os.kill)(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _ignoring((ProcessLookupError, PermissionError), os.killpg if group else os.kill, pid, sig)
 
 
 def _high_fd(fd):
@@ -909,11 +915,9 @@ class _Reaper(object):
         for _ in range(_REAP_BATCH):
             if _now() >= end:
                 break
-            try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                return
-            if info is None:
+            info = _ignoring(ChildProcessError, os.waitid, os.P_ALL, 0,
+                             os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is None:  # (no child, or none exited)
                 return
             if self.reap(info.si_pid, spared):
                 continue
@@ -962,10 +966,8 @@ class _FdBudget(object):
         import resource
         self.saved_limit = resource.getrlimit(resource.RLIMIT_NOFILE)
         hard = self.saved_limit[1]
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass  # a hard limit above what the kernel allows: keep ours
+        # A hard limit above what the kernel allows: keep ours.
+        _ignoring((ValueError, OSError), resource.setrlimit, resource.RLIMIT_NOFILE, (hard, hard))
 
     def pidfd(self, pid):
         """A pidfd on pid; None where there are none or no fd is left (then
@@ -1041,10 +1043,9 @@ class _Pin(_HoldsFd):
         if self.fd is None:
             _quietly_signal(self.proc.pid, sig)
             return
-        try:
-            _libc().call("syscall", _SYS_PIDFD_SEND_SIGNAL, self.fd, sig, None, 0)
-        except (ProcessLookupError, PermissionError):
-            pass  # exited since the proof, or setuid: /proc decides what is left
+        # Exited since the proof, or setuid: /proc decides what is left.
+        _ignoring((ProcessLookupError, PermissionError), _libc().call, "syscall",
+                  _SYS_PIDFD_SEND_SIGNAL, self.fd, sig, None, 0)
 
 
 def _close_pins(pins):
@@ -1698,10 +1699,9 @@ def _mark(fd, value=None):
     """Set a cgroup's _RUN_MARK to value, or read it: None when unmarked, or
     where there are no trusted xattrs (a leftover run is then not ended,
     never one kept)."""
-    try:
-        return os.setxattr(fd, _RUN_MARK, value) if value else os.getxattr(fd, _RUN_MARK)
-    except OSError:
-        return None
+    if value:
+        return _ignoring(OSError, os.setxattr, fd, _RUN_MARK, value)
+    return _ignoring(OSError, os.getxattr, fd, _RUN_MARK)
 
 
 def _maker(fs):
@@ -2012,10 +2012,7 @@ def prepare_cgroup():
         if home.path.rsplit("/", 1)[-1] == _PREPARED_LEAF:  # done before: we are in the leaf
             home, _ = _open_home(fs, home.mount_point, home.path.rsplit("/", 1)[0] or "/",
                                  False), home.close()
-        try:
-            os.mkdir(_PREPARED_LEAF, 0o755, dir_fd=home.fd)
-        except FileExistsError:
-            pass
+        _ignoring(FileExistsError, os.mkdir, _PREPARED_LEAF, 0o755, dir_fd=home.fd)
         leaf, moved = home.child(_PREPARED_LEAF), 0
         for _ in range(_STOP_PASSES):  # an exec may join meanwhile
             pids = home.read("cgroup.procs").split()
@@ -2076,10 +2073,8 @@ class _CgroupContainment(object):
         so that nothing it starts is ever outside. The parent writes it too
         only when a stop comes before the exec report (it has not exec'd, or
         joined already): each move waits for an RCU grace period (~5 ms)."""
-        try:
-            os.write(self.cgroup.procs_fd, str(pid).encode())
-        except ProcessLookupError:
-            pass  # gone already: its exit says why
+        # Gone already: its exit says why.
+        _ignoring(ProcessLookupError, os.write, self.cgroup.procs_fd, str(pid).encode())
 
     def look(self, keep_all, group, endtime):
         """Freeze the cgroup; the members, recorded, and those seen stopped.
@@ -2308,10 +2303,7 @@ class _SignalCatcher(object):
         """(signal, monotonic time) received since the last call, oldest
         first: at most a batch, so that a flood cannot keep the loop reading."""
         taken, self.pending = self.pending, []
-        try:
-            data = os.read(self.fd, _SIGINFO_SIZE * _SIGNAL_BATCH)
-        except BlockingIOError:
-            data = b""
+        data = _ignoring(BlockingIOError, os.read, self.fd, _SIGINFO_SIZE * _SIGNAL_BATCH) or b""
         now = _now()
         for i in range(0, len(data) - _SIGINFO_SIZE + 1, _SIGINFO_SIZE):
             sig = int.from_bytes(data[i:i + 4], sys.byteorder)
@@ -2453,10 +2445,7 @@ class _StopFileWatch(object):
         """One more look, asked for: a stop file that came with the exit. No
         answer within `seconds` counts as a stop, as a look that fails does."""
         if not self.seen:
-            try:
-                os.write(self.ask, b"?")
-            except OSError:
-                pass  # EPIPE: the lookout is gone, as its answers say
+            _ignoring(OSError, os.write, self.ask, b"?")  # EPIPE: gone, as its answers say
             # test_hostile.py::test_a_last_look_at_the_stop_file_that_does_not_answer_counts_as_a_stop
             if self._answer(seconds) is None:
                 self.seen = True
@@ -2500,13 +2489,12 @@ def _lookout(path):
         watch = None  # no inotify here (ENOSYS, EMFILE): the look by path alone
     first = asked = True
     while True:
-        try:  # the directory the path leads to now; one watched already keeps its one watch
-            if watch is not None:
-                _libc().call("inotify_add_watch", watch, os.fsencode(os.path.dirname(path)),
-                             _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF | _IN_MOVE_SELF
-                             | _IN_ONLYDIR)
-        except OSError:
-            pass  # not there (yet), the watch limit (ENOSPC), EACCES: the look by path alone
+        # The directory the path leads to now; one watched already keeps its one watch. Not
+        # there (yet), the watch limit (ENOSPC), EACCES: the look by path alone.
+        if watch is not None:
+            _ignoring(OSError, _libc().call, "inotify_add_watch", watch, os.fsencode(
+                os.path.dirname(path)), _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF
+                | _IN_MOVE_SELF | _IN_ONLYDIR)
         try:
             os.lstat(path)
             word = b"1"
@@ -2611,10 +2599,7 @@ def _lookup(by_name, by_number, text, what):
     """The passwd or group entry for a name or a number; None for a number
     without an entry; UsageError for an unknown name."""
     if text.isdigit():
-        try:
-            return by_number(_id_number(text, what))
-        except KeyError:
-            return None
+        return _ignoring(KeyError, by_number, _id_number(text, what))
     try:
         return by_name(text)
     except KeyError:
@@ -3184,11 +3169,9 @@ _SIGNAL_ACTIONS = {
 
 def _command_exited(run):
     """Has the command exited? Looks without reaping (WNOWAIT)."""
-    if run.exit_info is None and run.pid is not None and not run.reaped:
-        try:  # None while it runs
-            run.exit_info = os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            pass
+    if run.exit_info is None and run.pid is not None and not run.reaped:  # (None while it runs)
+        run.exit_info = _ignoring(ChildProcessError, os.waitid, os.P_PID, run.pid,
+                                  os.WEXITED | os.WNOHANG | os.WNOWAIT)
     return run.exit_info is not None
 
 
@@ -3250,9 +3233,7 @@ def _give_terminal(fd, pgid):
     """tcsetpgrp with SIGTTOU blocked, so a background caller is not stopped."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTTOU])
     try:
-        os.tcsetpgrp(fd, pgid)
-    except OSError:
-        pass  # the terminal went away (hangup): nothing to hand over
+        _ignoring(OSError, os.tcsetpgrp, fd, pgid)  # the terminal went away (hangup)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
@@ -3304,10 +3285,7 @@ def _check_job_control(run):
     SIGCONT with the stop signal, as any stopped member does)."""
     if run.terminal is None or run.plan.user is not None:
         return
-    try:
-        info = os.waitid(os.P_PID, run.pid, os.WSTOPPED | os.WNOHANG)
-    except ChildProcessError:
-        return
+    info = _ignoring(ChildProcessError, os.waitid, os.P_PID, run.pid, os.WSTOPPED | os.WNOHANG)
     if info is not None and info.si_code == os.CLD_STOPPED:
         _suspend(run)
 
@@ -3370,10 +3348,8 @@ class _Output(object):
                 self.ring_size = cap - self.head_size
                 self.fd, self.for_command = _pipe()
                 os.set_blocking(self.fd, False)
-                try:
-                    fcntl.fcntl(self.fd, _F_SETPIPE_SZ, 1 << 20)  # fewer, larger reads
-                except OSError:
-                    pass  # over /proc/sys/fs/pipe-max-size: the default will do
+                # Fewer, larger reads; over /proc/sys/fs/pipe-max-size the default will do.
+                _ignoring(OSError, fcntl.fcntl, self.fd, _F_SETPIPE_SZ, 1 << 20)
         except BaseException as e:
             self.close()
             if isinstance(e, OSError):
@@ -3553,7 +3529,9 @@ def _run_and_end(run):
             raise  # the fork itself failed: nothing started, nothing to end
         _fail(run, e)
         if run.state not in ("draining", "done"):
-            _drain_after_failure(run, _enter(run, "draining"))
+            # What failed may fail again: the receipt already says not confirmed.
+            # test_hostile.py::test_a_file_mounted_over_our_own_children_list_is_never_believed
+            _ignoring(Exception, _drain, run, _enter(run, "draining"))
         if run.state != "done":
             _enter(run, "done")
         _reap_after_failure(run)
@@ -3723,10 +3701,9 @@ def _start_command(run):
             os.close(run.output.for_command)  # the command's alone: its exit is our EOF
             run.output.for_command = None
     if run.plan.user is None:  # (under --user the child makes a session: see _exec_command)
-        try:
-            os.setpgid(pid, pid)  # also in the parent, so the group exists either way
-        except OSError:
-            pass  # EACCES: the child has already done it and exec'd
+        # Also in the parent, so the group exists either way; EACCES: the child
+        # has already done it and exec'd.
+        _ignoring(OSError, os.setpgid, pid, pid)
     run.pid = pid
     run.reaper.hold_command(pid)
     run.report = _ExecReport(read_end)
@@ -4205,13 +4182,9 @@ def _namespaces(fs):
     """The PID and cgroup namespaces the receipt's pids and cgroup paths
     belong to ({"pid": "pid:[4026531836]", "cgroup": ...}): a pid, or a
     path, means another process, or none, in another namespace."""
-    found = {}
-    for kind in ("pid", "cgroup"):
-        try:
-            found[kind] = os.readlink("self/ns/" + kind, dir_fd=fs.fd)
-        except (OSError, TypeError):  # TypeError: /proc was never opened (no run)
-            found[kind] = None
-    return found
+    # TypeError: /proc was never opened (no run).
+    return dict((kind, _ignoring((OSError, TypeError), os.readlink, "self/ns/" + kind,
+                                 dir_fd=fs.fd)) for kind in ("pid", "cgroup"))
 
 
 def _exit_status(outcome, plan):
@@ -4248,14 +4221,6 @@ def _fail(run, error):
     _abandon(run)
 
 
-def _drain_after_failure(run, endtime):
-    try:
-        _drain(run, endtime)
-    # test_hostile.py::test_a_file_mounted_over_our_own_children_list_is_never_believed
-    except Exception:
-        pass  # what failed may fail again: the receipt already says not confirmed
-
-
 def _reap_after_failure(run):
     """The command was SIGKILLed: wait for it (within cleanup_timeout), then
     reap it, so that an API caller is left no zombie."""
@@ -4274,10 +4239,7 @@ def _abandon(run):
     if run.pid is not None and not run.reaped:
         _quietly_signal(run.pid, signal.SIGKILL, group=True)
         _quietly_signal(run.pid, signal.SIGKILL)
-        try:
-            run.containment.kill(run.pid)
-        except Exception:
-            pass  # it is what failed, perhaps
+        _ignoring(Exception, run.containment.kill, run.pid)  # it is what failed, perhaps
 
 
 def _release(run):
@@ -4419,7 +4381,7 @@ class _ReceiptTarget(object):
             self.remove_stale()
             # test_hostile.py::test_writing_receipts_leaks_no_descriptor
             os.close(self._temporary())  # now: a directory we may not write is refused
-            _unlink_quietly(self.temporary, self.dir_fd)
+            _ignoring(OSError, os.unlink, self.temporary, dir_fd=self.dir_fd)
         except BaseException as e:
             self.close()
             raise _path_error(e, self.path) if isinstance(e, OSError) else e
@@ -4464,7 +4426,7 @@ class _ReceiptTarget(object):
                 os.rename(temporary, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
             # test_run.py::test_a_failed_receipt_write_is_125_and_leaves_no_temporary_file
             except BaseException:
-                _unlink_quietly(temporary, self.dir_fd)
+                _ignoring(OSError, os.unlink, temporary, dir_fd=self.dir_fd)
                 raise
             # test_trust.py::test_a_receipt_directory_writable_but_not_readable_works
             if self.can_sync:
@@ -4488,10 +4450,7 @@ class _ReceiptTarget(object):
         now below the directory held, none of them followed if a symlink."""
         while self.missing:
             name = self.missing[0]
-            try:
-                os.mkdir(name, 0o755, dir_fd=self.dir_fd)
-            except FileExistsError:
-                pass
+            _ignoring(FileExistsError, os.mkdir, name, 0o755, dir_fd=self.dir_fd)
             fd = _high_fd(os.open(name, _DIR_NOFOLLOW, dir_fd=self.dir_fd))
             os.close(self.dir_fd)
             self.dir_fd, self.can_sync = fd, True
@@ -4527,13 +4486,6 @@ def _path_error(e, path, what=None):
     """The OSError e, naming path (and what was being done)."""
     reason = e.strerror or str(e)
     return OSError(e.errno, "%s: %s" % (what, reason) if what else reason, path)
-
-
-def _unlink_quietly(name, dir_fd):
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except OSError:
-        pass
 
 
 def _deliver(run, receipt, target):
@@ -4718,10 +4670,7 @@ def parse_duration(text, option="--timeout"):
         number, unit = number[:-1], _DURATION_UNITS[number[-1]]
     value = None
     if number and all(c in "0123456789.eE+-" for c in number):
-        try:
-            value = float(number)
-        except ValueError:
-            pass
+        value = _ignoring(ValueError, float, number)
     # A number too large or too small to represent (1e400, 1e-10000): as
     # timeout(1), the largest time_t, or a nanosecond, unless it is zero.
     # test_cli.py::test_durations_read_as_timeout_reads_them
@@ -5031,11 +4980,8 @@ def _path_in(argv, option="--receipt"):
 
 
 def _print(text):
-    try:
-        os.write(1, text.encode())
     # test_cli.py::test_help_with_stdout_closed_still_exits_0
-    except OSError:
-        pass
+    _ignoring(OSError, os.write, 1, text.encode())
 
 
 def _relay_into_new_session():
