@@ -682,21 +682,26 @@ class _ProcFS(_HoldsFd):
         read once unless it fills 4 KiB. first_page: only what one read
         gives (a seq_file's first records). endtime: no page more once it
         has passed (the caller is out of time)."""
-        try:
-            fd = self.open(path)
-        except OSError as e:
-            return self._gone_or_raise(e, path)
-        try:
+        def read_all(fd):
             chunks = [os.read(fd, 4096)]
             while (not first_page and chunks[-1]
                    and (not one_record or len(chunks[-1]) == 4096)
                    and (endtime is None or _now() < endtime)):
                 chunks.append(os.read(fd, 65536))
             return b"".join(chunks)
+        return self._opened(path, os.O_RDONLY, read_all)
+
+    def _opened(self, path, flags, use):
+        """use(a descriptor on /proc/path), or None when what it describes is
+        gone: the open, or the use, failed with ENOENT or ESRCH."""
+        try:
+            fd = self.open(path, flags)
+            try:
+                return use(fd)
+            finally:
+                os.close(fd)
         except OSError as e:
             return self._gone_or_raise(e, path)
-        finally:
-            os.close(fd)
 
     @staticmethod
     def _gone_or_raise(e, path):
@@ -723,25 +728,12 @@ class _ProcFS(_HoldsFd):
     def children(self, pid, threads=1):
         """Pids of pid's children, from the lists of all its threads."""
         tids = [pid] if threads == 1 else self.threads_of(pid)
-        found = []
-        for tid in tids:
-            data = self.read("%d/task/%d/children" % (pid, tid))
-            if data:
-                found.extend(int(word) for word in data.split())
-        return found
+        return [int(word) for tid in tids
+                for word in (self.read("%d/task/%d/children" % (pid, tid)) or b"").split()]
 
     def listing(self, path):
         """The names in the directory /proc/path, or None when it is gone."""
-        try:
-            fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as e:
-            return self._gone_or_raise(e, path)
-        try:
-            return os.listdir(fd)
-        except OSError as e:
-            return self._gone_or_raise(e, path)
-        finally:
-            os.close(fd)
+        return self._opened(path, os.O_RDONLY | os.O_DIRECTORY, os.listdir)
 
     def threads_of(self, pid):
         return [int(tid) for tid in self.listing("%d/task" % pid) or ()]
