@@ -1585,11 +1585,7 @@ class _Cgroup(object):
     def is_root(self):
         """The hierarchy's own root (not a cgroup namespace's): it alone has
         no cgroup.events."""
-        try:
-            os.stat("cgroup.events", dir_fd=self.fd)
-            return False
-        except FileNotFoundError:
-            return True
+        return _ignoring(FileNotFoundError, os.stat, "cgroup.events", dir_fd=self.fd) is None
 
     def holds(self, path):
         """Is the cgroup path (as /proc/PID/cgroup gives it) this one or below it?"""
@@ -1728,11 +1724,9 @@ def _subdirectories(dir_fd):
     less those removed between the listing and their stat."""
     found = []
     for name in os.listdir(dir_fd):
-        try:
-            if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode & 0o170000 == 0o040000:
-                found.append(name)
-        except FileNotFoundError:
-            pass
+        st = _ignoring(FileNotFoundError, os.stat, name, dir_fd=dir_fd, follow_symlinks=False)
+        if st is not None and st.st_mode & 0o170000 == 0o040000:
+            found.append(name)
     return found
 
 
@@ -2474,11 +2468,9 @@ def _lookout(path):
     for it)."""
     os.write(1, b"S\n")  # it runs: the first look's time counts from here
     os.setpgid(0, 0)
-    try:
-        watch = _libc().call("inotify_init1", os.O_CLOEXEC)
+    # None: no inotify here (ENOSYS, EMFILE), the look by path alone.
     # test_run.py::test_stop_file_in_a_directory_created_later
-    except OSError:
-        watch = None  # no inotify here (ENOSYS, EMFILE): the look by path alone
+    watch = _ignoring(OSError, _libc().call, "inotify_init1", os.O_CLOEXEC)
     first = asked = True
     while True:
         # The directory the path leads to now; one watched already keeps its one watch. Not
@@ -4383,10 +4375,8 @@ class _ReceiptTarget(object):
         # test_trust.py::test_a_symlink_at_the_receipt_path_is_refused_and_left_as_it_is
         if why:
             raise OSError(errno.EEXIST, why + ": left alone; name a regular file", self.path)
-        try:
-            os.unlink(self.name, dir_fd=self.dir_fd)
-        except FileNotFoundError:
-            pass
+        try:  # (gone meanwhile: nothing to remove)
+            _ignoring(FileNotFoundError, os.unlink, self.name, dir_fd=self.dir_fd)
         except OSError as e:
             raise _path_error(e, self.path, "cannot remove the earlier receipt")
 
