@@ -89,8 +89,7 @@ EXEC_TIMEOUT_SLACK = 30.0
 # What a run may take beyond timeout + CLEANUP_PHASE_COUNT * cleanup_timeout:
 # the last SIGKILL pass and the confirming look, once the drain's budget is
 # spent; then the look at what is kept and left.
-_FINAL_PASS_LIMIT = 1.0
-_FINISH_LIMIT = 0.5
+_FINAL_PASS_LIMIT, _FINISH_LIMIT = 1.0, 0.5
 # The same stop signal again within this is the same request.
 _STOP_BURST = 0.25
 # How long a command killed by SIGINT or SIGQUIT at a terminal waits for the
@@ -103,13 +102,10 @@ _STOP_PASSES = 8
 # by the list of our children, a syscall each: at most this often. At most
 # _REAP_BATCH zombies, for at most _REAP_SLICE, are reaped in one go before
 # the caller's deadlines are looked at again.
-_REAP_LIST_INTERVAL = 0.01
-_REAP_BATCH = 256
-_REAP_SLICE = 0.005
+_REAP_LIST_INTERVAL, _REAP_BATCH, _REAP_SLICE = 0.01, 256, 0.005
 # A confirmation tries this many looks before it lets the drain wait; a look
 # that found nothing alive but was disturbed is taken again this soon.
-_CONFIRM_TRIES = 4
-_UNSETTLED_RETRY = 0.002
+_CONFIRM_TRIES, _UNSETTLED_RETRY = 4, 0.002
 # A drain round waits this long at most for what it killed before it walks the
 # tree again, so a process stuck in D state cannot hide new adoptions.
 _DRAIN_ROUND_LIMIT = 0.05
@@ -174,9 +170,7 @@ _RUN_MARK = "trusted.treereap"
 _EXIT_POLL_FIRST, _EXIT_POLL_MAX = 0.001, 0.1
 # select() keeps deadlines to the microsecond but only for fds below
 # FD_SETSIZE and waits of sane length; poll() takes the rest.
-_MAX_POLL_MS = 2 ** 31 - 1
-_SELECT_FD_LIMIT = 1024
-_MAX_SELECT_SECONDS = 86400.0
+_MAX_POLL_MS, _SELECT_FD_LIMIT, _MAX_SELECT_SECONDS = 2 ** 31 - 1, 1024, 86400.0
 # A walk that holds pidfds first lifts our soft fd limit and counts what it
 # leaves, less this reserve for reading /proc and our own pipes.
 _FD_RESERVE = 16
@@ -244,16 +238,12 @@ _SIGNAL_NAMES.setdefault(16, "SIGSTKFLT")
 # ignores SIGPIPE and SIGXFSZ at start, and an ignored SIGCHLD breaks waits.
 _DEFAULTED_FOR_COMMAND = (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
-_PROC_SUPER_MAGIC = 0x9FA0
-_CGROUP2_SUPER_MAGIC = 0x63677270
+_PROC_SUPER_MAGIC, _CGROUP2_SUPER_MAGIC = 0x9FA0, 0x63677270
 _CAP_SETGID, _CAP_SETUID, _CAP_SYS_PTRACE = 6, 7, 19
 # The generic syscall table numbers them alike on every architecture but alpha.
-_SYS_PIDFD_SEND_SIGNAL = 424
-_SYS_PIDFD_OPEN = 434
-_SYS_OPENAT2 = 437
+_SYS_PIDFD_SEND_SIGNAL, _SYS_PIDFD_OPEN, _SYS_OPENAT2 = 424, 434, 437
 # openat2() RESOLVE_NO_XDEV: the path may cross no mount point, so a mount the
 # command made inside /proc (or inside the run's cgroup) is refused, not read.
 _RESOLVE_NO_XDEV = 0x01
