@@ -1017,9 +1017,7 @@ class _Pin(_HoldsFd):
         self.proc, self.fd = proc, fd
 
     def exited(self, fs):
-        if self.fd is not None:
-            return _readable(self.fd)
-        return not fs.alive(self.proc)
+        return _readable(self.fd) if self.fd is not None else not fs.alive(self.proc)
 
     def send(self, sig):
         if self.fd is None:
@@ -1207,9 +1205,8 @@ class _Walker(object):
             self._stop_own_children(scope, endtime)
         walk = self.walk(scope, hold=True, kill=True, endtime=endtime, reach=reach)
         _signal_group(self.fs, scope.group, signal.SIGKILL)
-        if walk.pins:
-            return _Round(walk, _PinWaiter(self.fs, self.record, walk.pins))
-        return _Round(walk, _Pause(_DRAIN_ROUND_LIMIT if walk.found else _UNSETTLED_RETRY))
+        return _Round(walk, _PinWaiter(self.fs, self.record, walk.pins) if walk.pins
+                      else _Pause(_DRAIN_ROUND_LIMIT if walk.found else _UNSETTLED_RETRY))
 
     def confirm(self, scope, endtime, previous):
         """([], True) once two looks in a row found nothing alive in scope,
@@ -1312,9 +1309,10 @@ class _Walker(object):
         parent_proc = parent[0] if parent else None
         pin = self._prove(parent, pid) if hold else None
         proc = pin.proc if pin is not None else self.fs.stat(pid)
-        if proc is None or not self._below(proc, parent_proc):
-            # Gone since its parent's list was read, or re-parented: it may
-            # have handed its children to a list read before.
+        if proc is None or proc.ppid != (parent_proc.pid if parent_proc is not None else self.me):
+            # Gone since its parent's list was read, or re-parented (no longer
+            # its parent's child, or ours at the top): it may have handed its
+            # children to a list read before.
             walk.stable = False
             return _closed(pin)
         if parent is None:
@@ -1335,10 +1333,6 @@ class _Walker(object):
             return (proc, pin)
         return (proc, _closed(pin))
 
-    def _below(self, proc, parent_proc):
-        """Is proc still where the walk found it: its parent's child, or ours
-        (at the top)?"""
-        return proc.ppid == (parent_proc.pid if parent_proc is not None else self.me)
 
     def _prove(self, parent, pid):
         """A pin on pid if it is provably ours, else None. Our own child is
@@ -2138,9 +2132,8 @@ class _CgroupContainment(object):
         return self.walker.kill_round(scope, endtime)
 
     def confirm(self, scope, endtime, walk):
-        if self.cgroup.populated():
-            return [], False
-        return self.walker.confirm(scope, endtime, walk)
+        return ([], False) if self.cgroup.populated() else self.walker.confirm(
+            scope, endtime, walk)
 
     def preserved(self, look, endtime):
         """The roots of what is kept (everything: the run's cgroup, then the
@@ -3011,9 +3004,8 @@ def _cleanup_budget(plan, state=None):
     """The seconds of a cleanup step: cleanup_timeout; with 0 (GNU timeout's
     -k 0, no SIGKILL) the grace has no end but a second stop signal, and the
     steps after it, which wait for what SIGKILL ends, the default."""
-    if plan.cleanup_timeout:
-        return plan.cleanup_timeout
-    return _MAX_DURATION if state == "terminating" else DEFAULT_CLEANUP_TIMEOUT
+    return plan.cleanup_timeout or (_MAX_DURATION if state == "terminating" else
+                                    DEFAULT_CLEANUP_TIMEOUT)
 
 
 def _enter(run, state):
@@ -3318,8 +3310,7 @@ class _Output(object):
                 import tempfile
                 self.ring = tempfile.TemporaryFile(dir=os.path.dirname(path) if user is None
                                                    else "/proc/self/fd/%d" % self.directory)
-                self.head_size = cap // 2
-                self.ring_size = cap - self.head_size
+                self.head_size, self.ring_size = cap // 2, cap - cap // 2
                 self.fd, self.for_command = _pipe()
                 os.set_blocking(self.fd, False)
                 # Fewer, larger reads; over /proc/sys/fs/pipe-max-size the default will do.
@@ -3905,15 +3896,12 @@ def _keeps_everything(run):
     """Does the policy keep every process of the run out of the drain, for
     this ending? Only preserve-descendants-on-success, when the command
     exited by itself with status 0 and nothing stopped the run; anything
-    else drains everything (drain-all, the default, always does)."""
-    return (run.plan.policy == "preserve-descendants-on-success"
-            and run.outcome.stop_reason is None and _succeeded(run))
-
-
-def _succeeded(run):
-    """Exited by itself with 0, with no stop asked for (not even one that came
+    else drains everything (drain-all, the default, always does). Exited
+    by itself with 0 means: with no stop asked for (not even one that came
     with the exit), and no stop file there now."""
-    return (run.exit_info is not None and _return_code(run.exit_info) == 0
+    return (run.plan.policy == "preserve-descendants-on-success"
+            and run.outcome.stop_reason is None and run.exit_info is not None
+            and _return_code(run.exit_info) == 0
             # test_hostile.py::test_a_last_look_at_the_stop_file_that_does_not_answer_counts_as_a_stop
             and not run.hurry and not (run.watch is not None and run.watch.seen))
 
@@ -4378,9 +4366,7 @@ class _ReceiptTarget(object):
             fd, temporary = self._temporary(), self.temporary
             try:
                 try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
+                    _write_all(fd, data)
                     os.fsync(fd)
                 finally:
                     os.close(fd)
