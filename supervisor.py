@@ -4294,7 +4294,7 @@ def _text(value):
     return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
 
 
-class _ReceiptTarget(object):
+class _ReceiptTarget(_HoldsFd):
     """Where a receipt will land, settled at the start: the deepest directory
     of its path that exists, resolved once and held open (a directory
     swapped later cannot move the receipt), the directories still to make
@@ -4311,7 +4311,7 @@ class _ReceiptTarget(object):
         self.missing = []
         while True:
             try:
-                self.dir_fd, self.can_sync = _open_directory(directory)
+                self.fd, self.can_sync = _open_directory(directory)
                 break
             except FileNotFoundError as e:
                 # test_trust.py::test_a_dangling_symlink_on_the_receipts_directory_path_is_refused
@@ -4324,15 +4324,13 @@ class _ReceiptTarget(object):
                 self.missing.insert(0, name)
             except OSError as e:
                 raise _path_error(e, self.path)
-        try:
-            self.directory = os.readlink("/proc/self/fd/%d" % self.dir_fd)
-        except OSError:
-            self.directory = os.path.realpath(directory)
+        self.directory = _ignoring(OSError, os.readlink, "/proc/self/fd/%d" % self.fd) or (
+            os.path.realpath(directory))
         try:
             self.remove_stale()
             # test_hostile.py::test_writing_receipts_leaks_no_descriptor
             os.close(self._temporary())  # now: a directory we may not write is refused
-            _ignoring(OSError, os.unlink, self.temporary, dir_fd=self.dir_fd)
+            _ignoring(OSError, os.unlink, self.temporary, dir_fd=self.fd)
         except BaseException as e:
             self.close()
             raise _path_error(e, self.path) if isinstance(e, OSError) else e
@@ -4344,7 +4342,7 @@ class _ReceiptTarget(object):
         if self.missing:
             return
         try:
-            st = os.lstat(self.name, dir_fd=self.dir_fd)
+            st = os.lstat(self.name, dir_fd=self.fd)
         except FileNotFoundError:
             return
         except OSError as e:
@@ -4354,7 +4352,7 @@ class _ReceiptTarget(object):
         if why:
             raise OSError(errno.EEXIST, why + ": left alone; name a regular file", self.path)
         try:  # (gone meanwhile: nothing to remove)
-            _ignoring(FileNotFoundError, os.unlink, self.name, dir_fd=self.dir_fd)
+            _ignoring(FileNotFoundError, os.unlink, self.name, dir_fd=self.fd)
         except OSError as e:
             raise _path_error(e, self.path, "cannot remove the earlier receipt")
 
@@ -4370,14 +4368,14 @@ class _ReceiptTarget(object):
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-                os.rename(temporary, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                os.rename(temporary, self.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
             # test_run.py::test_a_failed_receipt_write_is_125_and_leaves_no_temporary_file
             except BaseException:
-                _ignoring(OSError, os.unlink, temporary, dir_fd=self.dir_fd)
+                _ignoring(OSError, os.unlink, temporary, dir_fd=self.fd)
                 raise
             # test_trust.py::test_a_receipt_directory_writable_but_not_readable_works
             if self.can_sync:
-                os.fsync(self.dir_fd)
+                os.fsync(self.fd)
         except OSError as e:
             raise _path_error(e, self.path)
 
@@ -4387,7 +4385,7 @@ class _ReceiptTarget(object):
             self.temporary = ".%s.%s.tmp" % (self.name, os.urandom(8).hex())
             try:
                 return os.open(self.temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                               | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.dir_fd)
+                               | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.fd)
             except FileExistsError:
                 continue
         raise OSError(errno.EEXIST, "no free temporary name")
@@ -4397,16 +4395,11 @@ class _ReceiptTarget(object):
         now below the directory held, none of them followed if a symlink."""
         while self.missing:
             name = self.missing[0]
-            _ignoring(FileExistsError, os.mkdir, name, 0o755, dir_fd=self.dir_fd)
-            fd = _high_fd(os.open(name, _DIR_NOFOLLOW, dir_fd=self.dir_fd))
-            os.close(self.dir_fd)
-            self.dir_fd, self.can_sync = fd, True
+            _ignoring(FileExistsError, os.mkdir, name, 0o755, dir_fd=self.fd)
+            fd = _high_fd(os.open(name, _DIR_NOFOLLOW, dir_fd=self.fd))
+            os.close(self.fd)
+            self.fd, self.can_sync = fd, True
             self.missing.pop(0)
-
-    def close(self):
-        if self.dir_fd is not None:
-            os.close(self.dir_fd)
-            self.dir_fd = None
 
 
 def _not_a_receipt(st):
