@@ -859,8 +859,6 @@ class _Reaper(object):
         self.command = None         # the command's pid, while it must stay unreaped
         self.next_list_reap, self.pending, self.next_due = 0.0, False, 0.0
 
-    def hold_command(self, pid):
-        self.command = pid
 
     def release_command(self):
         """From now on the command may be reaped; reap what is due, the list
@@ -1028,15 +1026,12 @@ class _Pin(_HoldsFd):
                   _SYS_PIDFD_SEND_SIGNAL, self.fd, sig, None, 0)
 
 
-def _close_pins(pins):
-    for pin in pins:
-        pin.close()
-
-
-def _closed(holder):
-    """Close what holds a descriptor, if there is one; None (a `return` value)."""
-    if holder is not None:
-        holder.close()
+def _closed(*holders):
+    """Close each that holds a descriptor (pins, cgroups...), leaving out
+    None; None (a `return` value)."""
+    for holder in holders:
+        if holder is not None:
+            holder.close()
 
 
 class _PinWaiter(object):
@@ -1070,7 +1065,7 @@ class _PinWaiter(object):
         return (), (), poll_at
 
     def close(self):
-        _close_pins(self.all_pins)
+        _closed(*self.all_pins)
 
 
 class _EventWaiter(object):
@@ -1277,7 +1272,7 @@ class _Walker(object):
                 if pid is None:
                     _closed(node[1])
             if not hold:
-                _close_pins(walk.pins)
+                _closed(*walk.pins)
                 walk.pins = []
         return walk
 
@@ -1420,7 +1415,7 @@ class _Look(object):
         self.stopped = frozenset(stopped)
 
     def close(self):
-        _close_pins(self.pins)
+        _closed(*self.pins)
 
 
 class _ProcContainment(object):
@@ -1858,8 +1853,7 @@ def _cgroup_for_run(fs, plan):
     except (OSError, SupervisorError) as e:
         if cgroup is not None:
             home.remove_child(cgroup)
-        for each in (cgroup, own, home):
-            _closed(each)
+        _closed(cgroup, own, home)
         if isinstance(e, SupervisorError):
             raise
         raise _cgroup_error(e, "cannot make a cgroup in %s" % home.shown if cgroup is None else
@@ -2006,8 +2000,7 @@ def prepare_cgroup():
         raise SupervisorError("--prepare-cgroup: %s: %s" % (getattr(home, "shown", "cgroup"),
                                                            _os_error_text(e)))
     finally:
-        for each in (leaf, home, fs):
-            _closed(each)
+        _closed(leaf, home, fs)
 
 
 def _cgroup_error(e, what):
@@ -2178,8 +2171,7 @@ class _CgroupContainment(object):
             if not self.removed and not self.cgroup.populated():
                 self.removed = self.home.remove_child(self.cgroup)
         finally:
-            for cgroup in (self.cgroup, self.own, self.home):
-                cgroup.close()
+            _closed(self.cgroup, self.own, self.home)
 
 
 def _cgroup_usage(cgroup):
@@ -3670,7 +3662,7 @@ def _start_command(run):
         # has already done it and exec'd.
         _ignoring(OSError, os.setpgid, pid, pid)
     run.pid = pid
-    run.reaper.hold_command(pid)
+    run.reaper.command = pid  # unreaped until done (see _Reaper)
     run.report = _ExecReport(read_end)
     if run.terminal is not None:
         _give_terminal(run.terminal, pid)
@@ -4709,8 +4701,7 @@ def _end_kept_cgroups(fs, receipt, endtime):
             return True, 0, None  # removed already: nothing in it
         return False, 0, "kept_cgroup %s: %s" % (path, getattr(e, "strerror", None) or e)
     finally:
-        for each in (cgroup, home):
-            _closed(each)
+        _closed(cgroup, home)
 
 
 # --- The command line -----------------------------------------------------------------------------
