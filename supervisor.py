@@ -89,8 +89,7 @@ EXEC_TIMEOUT_SLACK = 30.0
 # What a run may take beyond timeout + CLEANUP_PHASE_COUNT * cleanup_timeout:
 # the last SIGKILL pass and the confirming look, once the drain's budget is
 # spent; then the look at what is kept and left.
-_FINAL_PASS_LIMIT = 1.0
-_FINISH_LIMIT = 0.5
+_FINAL_PASS_LIMIT, _FINISH_LIMIT = 1.0, 0.5
 # The same stop signal again within this is the same request.
 _STOP_BURST = 0.25
 # How long a command killed by SIGINT or SIGQUIT at a terminal waits for the
@@ -103,13 +102,10 @@ _STOP_PASSES = 8
 # by the list of our children, a syscall each: at most this often. At most
 # _REAP_BATCH zombies, for at most _REAP_SLICE, are reaped in one go before
 # the caller's deadlines are looked at again.
-_REAP_LIST_INTERVAL = 0.01
-_REAP_BATCH = 256
-_REAP_SLICE = 0.005
+_REAP_LIST_INTERVAL, _REAP_BATCH, _REAP_SLICE = 0.01, 256, 0.005
 # A confirmation tries this many looks before it lets the drain wait; a look
 # that found nothing alive but was disturbed is taken again this soon.
-_CONFIRM_TRIES = 4
-_UNSETTLED_RETRY = 0.002
+_CONFIRM_TRIES, _UNSETTLED_RETRY = 4, 0.002
 # A drain round waits this long at most for what it killed before it walks the
 # tree again, so a process stuck in D state cannot hide new adoptions.
 _DRAIN_ROUND_LIMIT = 0.05
@@ -174,9 +170,7 @@ _RUN_MARK = "trusted.treereap"
 _EXIT_POLL_FIRST, _EXIT_POLL_MAX = 0.001, 0.1
 # select() keeps deadlines to the microsecond but only for fds below
 # FD_SETSIZE and waits of sane length; poll() takes the rest.
-_MAX_POLL_MS = 2 ** 31 - 1
-_SELECT_FD_LIMIT = 1024
-_MAX_SELECT_SECONDS = 86400.0
+_MAX_POLL_MS, _SELECT_FD_LIMIT, _MAX_SELECT_SECONDS = 2 ** 31 - 1, 1024, 86400.0
 # A walk that holds pidfds first lifts our soft fd limit and counts what it
 # leaves, less this reserve for reading /proc and our own pipes.
 _FD_RESERVE = 16
@@ -244,16 +238,12 @@ _SIGNAL_NAMES.setdefault(16, "SIGSTKFLT")
 # ignores SIGPIPE and SIGXFSZ at start, and an ignored SIGCHLD breaks waits.
 _DEFAULTED_FOR_COMMAND = (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
-_PROC_SUPER_MAGIC = 0x9FA0
-_CGROUP2_SUPER_MAGIC = 0x63677270
+_PROC_SUPER_MAGIC, _CGROUP2_SUPER_MAGIC = 0x9FA0, 0x63677270
 _CAP_SETGID, _CAP_SETUID, _CAP_SYS_PTRACE = 6, 7, 19
 # The generic syscall table numbers them alike on every architecture but alpha.
-_SYS_PIDFD_SEND_SIGNAL = 424
-_SYS_PIDFD_OPEN = 434
-_SYS_OPENAT2 = 437
+_SYS_PIDFD_SEND_SIGNAL, _SYS_PIDFD_OPEN, _SYS_OPENAT2 = 424, 434, 437
 # openat2() RESOLVE_NO_XDEV: the path may cross no mount point, so a mount the
 # command made inside /proc (or inside the run's cgroup) is refused, not read.
 _RESOLVE_NO_XDEV = 0x01
@@ -379,14 +369,20 @@ def _open_beneath(dir_fd, device, openat2, path, flags, shown):
     return fd
 
 
+def _ignoring(errors, call, *args, **kwargs):
+    """call(*args, **kwargs), or None when it raises one of `errors`: what
+    it would have done is done already, or not needed, or not possible."""
+    try:
+        return call(*args, **kwargs)
+    except errors:
+        return None
+
+
 def _quietly_signal(pid, sig, group=False):
     """kill or killpg, for a pid or group id we hold: an unreaped child of
     ours, or the group its leader keeps reserved. Gone, or members we may not
     signal (setuid), is not an error here: /proc decides what is left."""
-    try:
-        (os.killpg if group else os.kill)(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _ignoring((ProcessLookupError, PermissionError), os.killpg if group else os.kill, pid, sig)
 
 
 def _high_fd(fd):
@@ -676,21 +672,26 @@ class _ProcFS(_HoldsFd):
         read once unless it fills 4 KiB. first_page: only what one read
         gives (a seq_file's first records). endtime: no page more once it
         has passed (the caller is out of time)."""
-        try:
-            fd = self.open(path)
-        except OSError as e:
-            return self._gone_or_raise(e, path)
-        try:
+        def read_all(fd):
             chunks = [os.read(fd, 4096)]
             while (not first_page and chunks[-1]
                    and (not one_record or len(chunks[-1]) == 4096)
                    and (endtime is None or _now() < endtime)):
                 chunks.append(os.read(fd, 65536))
             return b"".join(chunks)
+        return self._opened(path, os.O_RDONLY, read_all)
+
+    def _opened(self, path, flags, use):
+        """use(a descriptor on /proc/path), or None when what it describes is
+        gone: the open, or the use, failed with ENOENT or ESRCH."""
+        try:
+            fd = self.open(path, flags)
+            try:
+                return use(fd)
+            finally:
+                os.close(fd)
         except OSError as e:
             return self._gone_or_raise(e, path)
-        finally:
-            os.close(fd)
 
     @staticmethod
     def _gone_or_raise(e, path):
@@ -717,25 +718,12 @@ class _ProcFS(_HoldsFd):
     def children(self, pid, threads=1):
         """Pids of pid's children, from the lists of all its threads."""
         tids = [pid] if threads == 1 else self.threads_of(pid)
-        found = []
-        for tid in tids:
-            data = self.read("%d/task/%d/children" % (pid, tid))
-            if data:
-                found.extend(int(word) for word in data.split())
-        return found
+        return [int(word) for tid in tids
+                for word in (self.read("%d/task/%d/children" % (pid, tid)) or b"").split()]
 
     def listing(self, path):
         """The names in the directory /proc/path, or None when it is gone."""
-        try:
-            fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as e:
-            return self._gone_or_raise(e, path)
-        try:
-            return os.listdir(fd)
-        except OSError as e:
-            return self._gone_or_raise(e, path)
-        finally:
-            os.close(fd)
+        return self._opened(path, os.O_RDONLY | os.O_DIRECTORY, os.listdir)
 
     def threads_of(self, pid):
         return [int(tid) for tid in self.listing("%d/task" % pid) or ()]
@@ -871,8 +859,6 @@ class _Reaper(object):
         self.command = None         # the command's pid, while it must stay unreaped
         self.next_list_reap, self.pending, self.next_due = 0.0, False, 0.0
 
-    def hold_command(self, pid):
-        self.command = pid
 
     def release_command(self):
         """From now on the command may be reaped; reap what is due, the list
@@ -909,11 +895,9 @@ class _Reaper(object):
         for _ in range(_REAP_BATCH):
             if _now() >= end:
                 break
-            try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                return
-            if info is None:
+            info = _ignoring(ChildProcessError, os.waitid, os.P_ALL, 0,
+                             os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is None:  # (no child, or none exited)
                 return
             if self.reap(info.si_pid, spared):
                 continue
@@ -962,10 +946,8 @@ class _FdBudget(object):
         import resource
         self.saved_limit = resource.getrlimit(resource.RLIMIT_NOFILE)
         hard = self.saved_limit[1]
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass  # a hard limit above what the kernel allows: keep ours
+        # A hard limit above what the kernel allows: keep ours.
+        _ignoring((ValueError, OSError), resource.setrlimit, resource.RLIMIT_NOFILE, (hard, hard))
 
     def pidfd(self, pid):
         """A pidfd on pid; None where there are none or no fd is left (then
@@ -1033,29 +1015,23 @@ class _Pin(_HoldsFd):
         self.proc, self.fd = proc, fd
 
     def exited(self, fs):
-        if self.fd is not None:
-            return _readable(self.fd)
-        return not fs.alive(self.proc)
+        return _readable(self.fd) if self.fd is not None else not fs.alive(self.proc)
 
     def send(self, sig):
         if self.fd is None:
             _quietly_signal(self.proc.pid, sig)
             return
-        try:
-            _libc().call("syscall", _SYS_PIDFD_SEND_SIGNAL, self.fd, sig, None, 0)
-        except (ProcessLookupError, PermissionError):
-            pass  # exited since the proof, or setuid: /proc decides what is left
+        # Exited since the proof, or setuid: /proc decides what is left.
+        _ignoring((ProcessLookupError, PermissionError), _libc().call, "syscall",
+                  _SYS_PIDFD_SEND_SIGNAL, self.fd, sig, None, 0)
 
 
-def _close_pins(pins):
-    for pin in pins:
-        pin.close()
-
-
-def _closed(holder):
-    """Close what holds a descriptor, if there is one; None (a `return` value)."""
-    if holder is not None:
-        holder.close()
+def _closed(*holders):
+    """Close each that holds a descriptor (pins, cgroups...), leaving out
+    None; None (a `return` value)."""
+    for holder in holders:
+        if holder is not None:
+            holder.close()
 
 
 class _PinWaiter(object):
@@ -1089,7 +1065,7 @@ class _PinWaiter(object):
         return (), (), poll_at
 
     def close(self):
-        _close_pins(self.all_pins)
+        _closed(*self.all_pins)
 
 
 class _EventWaiter(object):
@@ -1224,9 +1200,8 @@ class _Walker(object):
             self._stop_own_children(scope, endtime)
         walk = self.walk(scope, hold=True, kill=True, endtime=endtime, reach=reach)
         _signal_group(self.fs, scope.group, signal.SIGKILL)
-        if walk.pins:
-            return _Round(walk, _PinWaiter(self.fs, self.record, walk.pins))
-        return _Round(walk, _Pause(_DRAIN_ROUND_LIMIT if walk.found else _UNSETTLED_RETRY))
+        return _Round(walk, _PinWaiter(self.fs, self.record, walk.pins) if walk.pins
+                      else _Pause(_DRAIN_ROUND_LIMIT if walk.found else _UNSETTLED_RETRY))
 
     def confirm(self, scope, endtime, previous):
         """([], True) once two looks in a row found nothing alive in scope,
@@ -1297,7 +1272,7 @@ class _Walker(object):
                 if pid is None:
                     _closed(node[1])
             if not hold:
-                _close_pins(walk.pins)
+                _closed(*walk.pins)
                 walk.pins = []
         return walk
 
@@ -1329,9 +1304,10 @@ class _Walker(object):
         parent_proc = parent[0] if parent else None
         pin = self._prove(parent, pid) if hold else None
         proc = pin.proc if pin is not None else self.fs.stat(pid)
-        if proc is None or not self._below(proc, parent_proc):
-            # Gone since its parent's list was read, or re-parented: it may
-            # have handed its children to a list read before.
+        if proc is None or proc.ppid != (parent_proc.pid if parent_proc is not None else self.me):
+            # Gone since its parent's list was read, or re-parented (no longer
+            # its parent's child, or ours at the top): it may have handed its
+            # children to a list read before.
             walk.stable = False
             return _closed(pin)
         if parent is None:
@@ -1352,10 +1328,6 @@ class _Walker(object):
             return (proc, pin)
         return (proc, _closed(pin))
 
-    def _below(self, proc, parent_proc):
-        """Is proc still where the walk found it: its parent's child, or ours
-        (at the top)?"""
-        return proc.ppid == (parent_proc.pid if parent_proc is not None else self.me)
 
     def _prove(self, parent, pid):
         """A pin on pid if it is provably ours, else None. Our own child is
@@ -1443,7 +1415,7 @@ class _Look(object):
         self.stopped = frozenset(stopped)
 
     def close(self):
-        _close_pins(self.pins)
+        _closed(*self.pins)
 
 
 class _ProcContainment(object):
@@ -1592,11 +1564,7 @@ class _Cgroup(object):
     def is_root(self):
         """The hierarchy's own root (not a cgroup namespace's): it alone has
         no cgroup.events."""
-        try:
-            os.stat("cgroup.events", dir_fd=self.fd)
-            return False
-        except FileNotFoundError:
-            return True
+        return _ignoring(FileNotFoundError, os.stat, "cgroup.events", dir_fd=self.fd) is None
 
     def holds(self, path):
         """Is the cgroup path (as /proc/PID/cgroup gives it) this one or below it?"""
@@ -1698,10 +1666,9 @@ def _mark(fd, value=None):
     """Set a cgroup's _RUN_MARK to value, or read it: None when unmarked, or
     where there are no trusted xattrs (a leftover run is then not ended,
     never one kept)."""
-    try:
-        return os.setxattr(fd, _RUN_MARK, value) if value else os.getxattr(fd, _RUN_MARK)
-    except OSError:
-        return None
+    if value:
+        return _ignoring(OSError, os.setxattr, fd, _RUN_MARK, value)
+    return _ignoring(OSError, os.getxattr, fd, _RUN_MARK)
 
 
 def _maker(fs):
@@ -1736,11 +1703,9 @@ def _subdirectories(dir_fd):
     less those removed between the listing and their stat."""
     found = []
     for name in os.listdir(dir_fd):
-        try:
-            if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode & 0o170000 == 0o040000:
-                found.append(name)
-        except FileNotFoundError:
-            pass
+        st = _ignoring(FileNotFoundError, os.stat, name, dir_fd=dir_fd, follow_symlinks=False)
+        if st is not None and st.st_mode & 0o170000 == 0o040000:
+            found.append(name)
     return found
 
 
@@ -1888,8 +1853,7 @@ def _cgroup_for_run(fs, plan):
     except (OSError, SupervisorError) as e:
         if cgroup is not None:
             home.remove_child(cgroup)
-        for each in (cgroup, own, home):
-            _closed(each)
+        _closed(cgroup, own, home)
         if isinstance(e, SupervisorError):
             raise
         raise _cgroup_error(e, "cannot make a cgroup in %s" % home.shown if cgroup is None else
@@ -2012,10 +1976,7 @@ def prepare_cgroup():
         if home.path.rsplit("/", 1)[-1] == _PREPARED_LEAF:  # done before: we are in the leaf
             home, _ = _open_home(fs, home.mount_point, home.path.rsplit("/", 1)[0] or "/",
                                  False), home.close()
-        try:
-            os.mkdir(_PREPARED_LEAF, 0o755, dir_fd=home.fd)
-        except FileExistsError:
-            pass
+        _ignoring(FileExistsError, os.mkdir, _PREPARED_LEAF, 0o755, dir_fd=home.fd)
         leaf, moved = home.child(_PREPARED_LEAF), 0
         for _ in range(_STOP_PASSES):  # an exec may join meanwhile
             pids = home.read("cgroup.procs").split()
@@ -2039,8 +2000,7 @@ def prepare_cgroup():
         raise SupervisorError("--prepare-cgroup: %s: %s" % (getattr(home, "shown", "cgroup"),
                                                            _os_error_text(e)))
     finally:
-        for each in (leaf, home, fs):
-            _closed(each)
+        _closed(leaf, home, fs)
 
 
 def _cgroup_error(e, what):
@@ -2076,10 +2036,8 @@ class _CgroupContainment(object):
         so that nothing it starts is ever outside. The parent writes it too
         only when a stop comes before the exec report (it has not exec'd, or
         joined already): each move waits for an RCU grace period (~5 ms)."""
-        try:
-            os.write(self.cgroup.procs_fd, str(pid).encode())
-        except ProcessLookupError:
-            pass  # gone already: its exit says why
+        # Gone already: its exit says why.
+        _ignoring(ProcessLookupError, os.write, self.cgroup.procs_fd, str(pid).encode())
 
     def look(self, keep_all, group, endtime):
         """Freeze the cgroup; the members, recorded, and those seen stopped.
@@ -2167,9 +2125,8 @@ class _CgroupContainment(object):
         return self.walker.kill_round(scope, endtime)
 
     def confirm(self, scope, endtime, walk):
-        if self.cgroup.populated():
-            return [], False
-        return self.walker.confirm(scope, endtime, walk)
+        return ([], False) if self.cgroup.populated() else self.walker.confirm(
+            scope, endtime, walk)
 
     def preserved(self, look, endtime):
         """The roots of what is kept (everything: the run's cgroup, then the
@@ -2214,8 +2171,7 @@ class _CgroupContainment(object):
             if not self.removed and not self.cgroup.populated():
                 self.removed = self.home.remove_child(self.cgroup)
         finally:
-            for cgroup in (self.cgroup, self.own, self.home):
-                cgroup.close()
+            _closed(self.cgroup, self.own, self.home)
 
 
 def _cgroup_usage(cgroup):
@@ -2308,10 +2264,7 @@ class _SignalCatcher(object):
         """(signal, monotonic time) received since the last call, oldest
         first: at most a batch, so that a flood cannot keep the loop reading."""
         taken, self.pending = self.pending, []
-        try:
-            data = os.read(self.fd, _SIGINFO_SIZE * _SIGNAL_BATCH)
-        except BlockingIOError:
-            data = b""
+        data = _ignoring(BlockingIOError, os.read, self.fd, _SIGINFO_SIZE * _SIGNAL_BATCH) or b""
         now = _now()
         for i in range(0, len(data) - _SIGINFO_SIZE + 1, _SIGINFO_SIZE):
             sig = int.from_bytes(data[i:i + 4], sys.byteorder)
@@ -2453,10 +2406,7 @@ class _StopFileWatch(object):
         """One more look, asked for: a stop file that came with the exit. No
         answer within `seconds` counts as a stop, as a look that fails does."""
         if not self.seen:
-            try:
-                os.write(self.ask, b"?")
-            except OSError:
-                pass  # EPIPE: the lookout is gone, as its answers say
+            _ignoring(OSError, os.write, self.ask, b"?")  # EPIPE: gone, as its answers say
             # test_hostile.py::test_a_last_look_at_the_stop_file_that_does_not_answer_counts_as_a_stop
             if self._answer(seconds) is None:
                 self.seen = True
@@ -2493,20 +2443,17 @@ def _lookout(path):
     for it)."""
     os.write(1, b"S\n")  # it runs: the first look's time counts from here
     os.setpgid(0, 0)
-    try:
-        watch = _libc().call("inotify_init1", os.O_CLOEXEC)
+    # None: no inotify here (ENOSYS, EMFILE), the look by path alone.
     # test_run.py::test_stop_file_in_a_directory_created_later
-    except OSError:
-        watch = None  # no inotify here (ENOSYS, EMFILE): the look by path alone
+    watch = _ignoring(OSError, _libc().call, "inotify_init1", os.O_CLOEXEC)
     first = asked = True
     while True:
-        try:  # the directory the path leads to now; one watched already keeps its one watch
-            if watch is not None:
-                _libc().call("inotify_add_watch", watch, os.fsencode(os.path.dirname(path)),
-                             _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF | _IN_MOVE_SELF
-                             | _IN_ONLYDIR)
-        except OSError:
-            pass  # not there (yet), the watch limit (ENOSPC), EACCES: the look by path alone
+        # The directory the path leads to now; one watched already keeps its one watch. Not
+        # there (yet), the watch limit (ENOSPC), EACCES: the look by path alone.
+        if watch is not None:
+            _ignoring(OSError, _libc().call, "inotify_add_watch", watch, os.fsencode(
+                os.path.dirname(path)), _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF
+                | _IN_MOVE_SELF | _IN_ONLYDIR)
         try:
             os.lstat(path)
             word = b"1"
@@ -2611,10 +2558,7 @@ def _lookup(by_name, by_number, text, what):
     """The passwd or group entry for a name or a number; None for a number
     without an entry; UsageError for an unknown name."""
     if text.isdigit():
-        try:
-            return by_number(_id_number(text, what))
-        except KeyError:
-            return None
+        return _ignoring(KeyError, by_number, _id_number(text, what))
     try:
         return by_name(text)
     except KeyError:
@@ -3052,9 +2996,8 @@ def _cleanup_budget(plan, state=None):
     """The seconds of a cleanup step: cleanup_timeout; with 0 (GNU timeout's
     -k 0, no SIGKILL) the grace has no end but a second stop signal, and the
     steps after it, which wait for what SIGKILL ends, the default."""
-    if plan.cleanup_timeout:
-        return plan.cleanup_timeout
-    return _MAX_DURATION if state == "terminating" else DEFAULT_CLEANUP_TIMEOUT
+    return plan.cleanup_timeout or (_MAX_DURATION if state == "terminating" else
+                                    DEFAULT_CLEANUP_TIMEOUT)
 
 
 def _enter(run, state):
@@ -3184,11 +3127,9 @@ _SIGNAL_ACTIONS = {
 
 def _command_exited(run):
     """Has the command exited? Looks without reaping (WNOWAIT)."""
-    if run.exit_info is None and run.pid is not None and not run.reaped:
-        try:  # None while it runs
-            run.exit_info = os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            pass
+    if run.exit_info is None and run.pid is not None and not run.reaped:  # (None while it runs)
+        run.exit_info = _ignoring(ChildProcessError, os.waitid, os.P_PID, run.pid,
+                                  os.WEXITED | os.WNOHANG | os.WNOWAIT)
     return run.exit_info is not None
 
 
@@ -3250,9 +3191,7 @@ def _give_terminal(fd, pgid):
     """tcsetpgrp with SIGTTOU blocked, so a background caller is not stopped."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTTOU])
     try:
-        os.tcsetpgrp(fd, pgid)
-    except OSError:
-        pass  # the terminal went away (hangup): nothing to hand over
+        _ignoring(OSError, os.tcsetpgrp, fd, pgid)  # the terminal went away (hangup)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
@@ -3304,10 +3243,7 @@ def _check_job_control(run):
     SIGCONT with the stop signal, as any stopped member does)."""
     if run.terminal is None or run.plan.user is not None:
         return
-    try:
-        info = os.waitid(os.P_PID, run.pid, os.WSTOPPED | os.WNOHANG)
-    except ChildProcessError:
-        return
+    info = _ignoring(ChildProcessError, os.waitid, os.P_PID, run.pid, os.WSTOPPED | os.WNOHANG)
     if info is not None and info.si_code == os.CLD_STOPPED:
         _suspend(run)
 
@@ -3366,14 +3302,11 @@ class _Output(object):
                 import tempfile
                 self.ring = tempfile.TemporaryFile(dir=os.path.dirname(path) if user is None
                                                    else "/proc/self/fd/%d" % self.directory)
-                self.head_size = cap // 2
-                self.ring_size = cap - self.head_size
+                self.head_size, self.ring_size = cap // 2, cap - cap // 2
                 self.fd, self.for_command = _pipe()
                 os.set_blocking(self.fd, False)
-                try:
-                    fcntl.fcntl(self.fd, _F_SETPIPE_SZ, 1 << 20)  # fewer, larger reads
-                except OSError:
-                    pass  # over /proc/sys/fs/pipe-max-size: the default will do
+                # Fewer, larger reads; over /proc/sys/fs/pipe-max-size the default will do.
+                _ignoring(OSError, fcntl.fcntl, self.fd, _F_SETPIPE_SZ, 1 << 20)
         except BaseException as e:
             self.close()
             if isinstance(e, OSError):
@@ -3553,7 +3486,9 @@ def _run_and_end(run):
             raise  # the fork itself failed: nothing started, nothing to end
         _fail(run, e)
         if run.state not in ("draining", "done"):
-            _drain_after_failure(run, _enter(run, "draining"))
+            # What failed may fail again: the receipt already says not confirmed.
+            # test_hostile.py::test_a_file_mounted_over_our_own_children_list_is_never_believed
+            _ignoring(Exception, _drain, run, _enter(run, "draining"))
         if run.state != "done":
             _enter(run, "done")
         _reap_after_failure(run)
@@ -3723,12 +3658,11 @@ def _start_command(run):
             os.close(run.output.for_command)  # the command's alone: its exit is our EOF
             run.output.for_command = None
     if run.plan.user is None:  # (under --user the child makes a session: see _exec_command)
-        try:
-            os.setpgid(pid, pid)  # also in the parent, so the group exists either way
-        except OSError:
-            pass  # EACCES: the child has already done it and exec'd
+        # Also in the parent, so the group exists either way; EACCES: the child
+        # has already done it and exec'd.
+        _ignoring(OSError, os.setpgid, pid, pid)
     run.pid = pid
-    run.reaper.hold_command(pid)
+    run.reaper.command = pid  # unreaped until done (see _Reaper)
     run.report = _ExecReport(read_end)
     if run.terminal is not None:
         _give_terminal(run.terminal, pid)
@@ -3954,15 +3888,12 @@ def _keeps_everything(run):
     """Does the policy keep every process of the run out of the drain, for
     this ending? Only preserve-descendants-on-success, when the command
     exited by itself with status 0 and nothing stopped the run; anything
-    else drains everything (drain-all, the default, always does)."""
-    return (run.plan.policy == "preserve-descendants-on-success"
-            and run.outcome.stop_reason is None and _succeeded(run))
-
-
-def _succeeded(run):
-    """Exited by itself with 0, with no stop asked for (not even one that came
+    else drains everything (drain-all, the default, always does). Exited
+    by itself with 0 means: with no stop asked for (not even one that came
     with the exit), and no stop file there now."""
-    return (run.exit_info is not None and _return_code(run.exit_info) == 0
+    return (run.plan.policy == "preserve-descendants-on-success"
+            and run.outcome.stop_reason is None and run.exit_info is not None
+            and _return_code(run.exit_info) == 0
             # test_hostile.py::test_a_last_look_at_the_stop_file_that_does_not_answer_counts_as_a_stop
             and not run.hurry and not (run.watch is not None and run.watch.seen))
 
@@ -4205,13 +4136,9 @@ def _namespaces(fs):
     """The PID and cgroup namespaces the receipt's pids and cgroup paths
     belong to ({"pid": "pid:[4026531836]", "cgroup": ...}): a pid, or a
     path, means another process, or none, in another namespace."""
-    found = {}
-    for kind in ("pid", "cgroup"):
-        try:
-            found[kind] = os.readlink("self/ns/" + kind, dir_fd=fs.fd)
-        except (OSError, TypeError):  # TypeError: /proc was never opened (no run)
-            found[kind] = None
-    return found
+    # TypeError: /proc was never opened (no run).
+    return dict((kind, _ignoring((OSError, TypeError), os.readlink, "self/ns/" + kind,
+                                 dir_fd=fs.fd)) for kind in ("pid", "cgroup"))
 
 
 def _exit_status(outcome, plan):
@@ -4248,14 +4175,6 @@ def _fail(run, error):
     _abandon(run)
 
 
-def _drain_after_failure(run, endtime):
-    try:
-        _drain(run, endtime)
-    # test_hostile.py::test_a_file_mounted_over_our_own_children_list_is_never_believed
-    except Exception:
-        pass  # what failed may fail again: the receipt already says not confirmed
-
-
 def _reap_after_failure(run):
     """The command was SIGKILLed: wait for it (within cleanup_timeout), then
     reap it, so that an API caller is left no zombie."""
@@ -4274,10 +4193,7 @@ def _abandon(run):
     if run.pid is not None and not run.reaped:
         _quietly_signal(run.pid, signal.SIGKILL, group=True)
         _quietly_signal(run.pid, signal.SIGKILL)
-        try:
-            run.containment.kill(run.pid)
-        except Exception:
-            pass  # it is what failed, perhaps
+        _ignoring(Exception, run.containment.kill, run.pid)  # it is what failed, perhaps
 
 
 def _release(run):
@@ -4308,36 +4224,26 @@ def _receipt(plan, outcome):
     user, held, ended = plan.user, outcome.held, outcome.ended
     cleanup_s = ended - outcome.cleanup_started if outcome.cleanup_started is not None else 0.0
     return {
-        "schema_version": RECEIPT_SCHEMA_VERSION,
-        "supervisor_version": __version__,
+        "schema_version": RECEIPT_SCHEMA_VERSION, "supervisor_version": __version__,
         "python_version": "%d.%d.%d" % sys.version_info[:3],
-        "command": [_text(arg) for arg in plan.command],
-        "workdir": _text(plan.workdir),
-        "pid": outcome.pid,
-        "supervisor_pid": outcome.supervisor_pid,
+        "command": [_text(arg) for arg in plan.command], "workdir": _text(plan.workdir),
+        "pid": outcome.pid, "supervisor_pid": outcome.supervisor_pid,
         "namespaces": outcome.namespaces,
-        "started_at": _iso_utc(outcome.started_wall),
-        "ended_at": _iso_utc(outcome.ended_wall),
+        "started_at": _iso_utc(outcome.started_wall), "ended_at": _iso_utc(outcome.ended_wall),
         "duration_s": round(ended - outcome.started, 6),
-        "timeout_s": plan.timeout,
-        "cleanup_timeout_s": plan.cleanup_timeout,
+        "timeout_s": plan.timeout, "cleanup_timeout_s": plan.cleanup_timeout,
         "policy": plan.policy,
         "stop_signal": _signal_name(outcome.run_signal) if outcome.run_signal else None,
         "stop_reason": outcome.stop_reason or "exit",
         "signal": _signal_name(outcome.stop_signal) if outcome.stop_signal else None,
-        "oom_killed_by": outcome.oom_killed_by,
-        "timed_out": outcome.stop_reason == "timeout",
-        "return_code": outcome.return_code,
-        "exit_status": outcome.exit_status,
-        "cleanup_confirmed": outcome.confirmed,
-        "cleanup_s": round(cleanup_s, 6),
+        "oom_killed_by": outcome.oom_killed_by, "timed_out": outcome.stop_reason == "timeout",
+        "return_code": outcome.return_code, "exit_status": outcome.exit_status,
+        "cleanup_confirmed": outcome.confirmed, "cleanup_s": round(cleanup_s, 6),
         "ladder": [{"step": name, "start_s": round(begin - outcome.started, 6),
                     "duration_s": round((end or ended) - begin, 6)}
                    for name, begin, end in outcome.ladder],
-        "containment": held["containment"],
-        "cgroup": held["cgroup"],
-        "kept_cgroup": held["kept_cgroup"],
-        "cgroup_unavailable": outcome.cgroup_unavailable,
+        "containment": held["containment"], "cgroup": held["cgroup"],
+        "kept_cgroup": held["kept_cgroup"], "cgroup_unavailable": outcome.cgroup_unavailable,
         "user": {"uid": user.uid, "gid": user.gid} if user is not None else None,
         "preserved": [_entry(p, start_time=p.start) for p in outcome.preserved],
         "survivors": [_entry(p, ppid=p.ppid, pgid=p.pgid, sid=p.sid, state=p.state)
@@ -4348,8 +4254,7 @@ def _receipt(plan, outcome):
             + [(p, "uid %d, outside the run" % user.uid) for p in outcome.foreign])[:_LIST_LIMIT]],
         "drained": [_entry(p) for p in outcome.drained[:_LIST_LIMIT]],
         "drained_count": len(outcome.drained),
-        "usage": outcome.usage,
-        "limits": _limits(plan, held["limits_set"]),
+        "usage": outcome.usage, "limits": _limits(plan, held["limits_set"]),
         "output": outcome.output,
         "error": _text(outcome.error) if outcome.error is not None else None,
     }
@@ -4381,7 +4286,7 @@ def _text(value):
     return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
 
 
-class _ReceiptTarget(object):
+class _ReceiptTarget(_HoldsFd):
     """Where a receipt will land, settled at the start: the deepest directory
     of its path that exists, resolved once and held open (a directory
     swapped later cannot move the receipt), the directories still to make
@@ -4398,7 +4303,7 @@ class _ReceiptTarget(object):
         self.missing = []
         while True:
             try:
-                self.dir_fd, self.can_sync = _open_directory(directory)
+                self.fd, self.can_sync = _open_directory(directory)
                 break
             except FileNotFoundError as e:
                 # test_trust.py::test_a_dangling_symlink_on_the_receipts_directory_path_is_refused
@@ -4411,15 +4316,13 @@ class _ReceiptTarget(object):
                 self.missing.insert(0, name)
             except OSError as e:
                 raise _path_error(e, self.path)
-        try:
-            self.directory = os.readlink("/proc/self/fd/%d" % self.dir_fd)
-        except OSError:
-            self.directory = os.path.realpath(directory)
+        self.directory = _ignoring(OSError, os.readlink, "/proc/self/fd/%d" % self.fd) or (
+            os.path.realpath(directory))
         try:
             self.remove_stale()
             # test_hostile.py::test_writing_receipts_leaks_no_descriptor
             os.close(self._temporary())  # now: a directory we may not write is refused
-            _unlink_quietly(self.temporary, self.dir_fd)
+            _ignoring(OSError, os.unlink, self.temporary, dir_fd=self.fd)
         except BaseException as e:
             self.close()
             raise _path_error(e, self.path) if isinstance(e, OSError) else e
@@ -4431,7 +4334,7 @@ class _ReceiptTarget(object):
         if self.missing:
             return
         try:
-            st = os.lstat(self.name, dir_fd=self.dir_fd)
+            st = os.lstat(self.name, dir_fd=self.fd)
         except FileNotFoundError:
             return
         except OSError as e:
@@ -4440,10 +4343,8 @@ class _ReceiptTarget(object):
         # test_trust.py::test_a_symlink_at_the_receipt_path_is_refused_and_left_as_it_is
         if why:
             raise OSError(errno.EEXIST, why + ": left alone; name a regular file", self.path)
-        try:
-            os.unlink(self.name, dir_fd=self.dir_fd)
-        except FileNotFoundError:
-            pass
+        try:  # (gone meanwhile: nothing to remove)
+            _ignoring(FileNotFoundError, os.unlink, self.name, dir_fd=self.fd)
         except OSError as e:
             raise _path_error(e, self.path, "cannot remove the earlier receipt")
 
@@ -4455,20 +4356,18 @@ class _ReceiptTarget(object):
             fd, temporary = self._temporary(), self.temporary
             try:
                 try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
+                    _write_all(fd, data)
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-                os.rename(temporary, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                os.rename(temporary, self.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
             # test_run.py::test_a_failed_receipt_write_is_125_and_leaves_no_temporary_file
             except BaseException:
-                _unlink_quietly(temporary, self.dir_fd)
+                _ignoring(OSError, os.unlink, temporary, dir_fd=self.fd)
                 raise
             # test_trust.py::test_a_receipt_directory_writable_but_not_readable_works
             if self.can_sync:
-                os.fsync(self.dir_fd)
+                os.fsync(self.fd)
         except OSError as e:
             raise _path_error(e, self.path)
 
@@ -4478,7 +4377,7 @@ class _ReceiptTarget(object):
             self.temporary = ".%s.%s.tmp" % (self.name, os.urandom(8).hex())
             try:
                 return os.open(self.temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                               | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.dir_fd)
+                               | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.fd)
             except FileExistsError:
                 continue
         raise OSError(errno.EEXIST, "no free temporary name")
@@ -4488,19 +4387,11 @@ class _ReceiptTarget(object):
         now below the directory held, none of them followed if a symlink."""
         while self.missing:
             name = self.missing[0]
-            try:
-                os.mkdir(name, 0o755, dir_fd=self.dir_fd)
-            except FileExistsError:
-                pass
-            fd = _high_fd(os.open(name, _DIR_NOFOLLOW, dir_fd=self.dir_fd))
-            os.close(self.dir_fd)
-            self.dir_fd, self.can_sync = fd, True
+            _ignoring(FileExistsError, os.mkdir, name, 0o755, dir_fd=self.fd)
+            fd = _high_fd(os.open(name, _DIR_NOFOLLOW, dir_fd=self.fd))
+            os.close(self.fd)
+            self.fd, self.can_sync = fd, True
             self.missing.pop(0)
-
-    def close(self):
-        if self.dir_fd is not None:
-            os.close(self.dir_fd)
-            self.dir_fd = None
 
 
 def _not_a_receipt(st):
@@ -4527,13 +4418,6 @@ def _path_error(e, path, what=None):
     """The OSError e, naming path (and what was being done)."""
     reason = e.strerror or str(e)
     return OSError(e.errno, "%s: %s" % (what, reason) if what else reason, path)
-
-
-def _unlink_quietly(name, dir_fd):
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except OSError:
-        pass
 
 
 def _deliver(run, receipt, target):
@@ -4718,10 +4602,7 @@ def parse_duration(text, option="--timeout"):
         number, unit = number[:-1], _DURATION_UNITS[number[-1]]
     value = None
     if number and all(c in "0123456789.eE+-" for c in number):
-        try:
-            value = float(number)
-        except ValueError:
-            pass
+        value = _ignoring(ValueError, float, number)
     # A number too large or too small to represent (1e400, 1e-10000): as
     # timeout(1), the largest time_t, or a nanosecond, unless it is zero.
     # test_cli.py::test_durations_read_as_timeout_reads_them
@@ -4820,8 +4701,7 @@ def _end_kept_cgroups(fs, receipt, endtime):
             return True, 0, None  # removed already: nothing in it
         return False, 0, "kept_cgroup %s: %s" % (path, getattr(e, "strerror", None) or e)
     finally:
-        for each in (cgroup, home):
-            _closed(each)
+        _closed(cgroup, home)
 
 
 # --- The command line -----------------------------------------------------------------------------
@@ -5031,11 +4911,8 @@ def _path_in(argv, option="--receipt"):
 
 
 def _print(text):
-    try:
-        os.write(1, text.encode())
     # test_cli.py::test_help_with_stdout_closed_still_exits_0
-    except OSError:
-        pass
+    _ignoring(OSError, os.write, 1, text.encode())
 
 
 def _relay_into_new_session():
