@@ -859,7 +859,6 @@ class _Reaper(object):
         self.command = None         # the command's pid, while it must stay unreaped
         self.next_list_reap, self.pending, self.next_due = 0.0, False, 0.0
 
-
     def release_command(self):
         """From now on the command may be reaped; reap what is due, the list
         too (a zombie of the caller's hides none of ours)."""
@@ -1327,7 +1326,6 @@ class _Walker(object):
                 pin.send(signal.SIGSTOP)  # the group was stopped before the walk
             return (proc, pin)
         return (proc, _closed(pin))
-
 
     def _prove(self, parent, pid):
         """A pin on pid if it is provably ours, else None. Our own child is
@@ -2533,7 +2531,6 @@ class _User(object):
         if len(answers) != len(checks):
             raise UsageError("--user: cannot check what %s may do (the check failed)" % self.shown)
         return [answer == "1" for answer in answers]
-
 
     def _answer(self, checks, fd):
         """In the child of can(): become the user, try each check, say."""
