@@ -3143,7 +3143,12 @@ class _CtrlC(_HoldsFd):
 
     def __init__(self, pgid):
         self.fd, write_end = _pipe()
-        parent, self.pid = os.getpid(), _acquire("fork", os.fork)
+        try:
+            parent, self.pid = os.getpid(), _acquire("fork", os.fork)
+        except BaseException:  # (the caller of supervise() keeps no descriptor of ours)
+            os.close(write_end)
+            os.close(self.fd)
+            raise
         if self.pid == 0:
             try:
                 os.setpgid(0, pgid)
