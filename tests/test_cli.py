@@ -310,3 +310,18 @@ def test_dash_V_is_the_version():
         result = run_supervisor(flag)
         assert result.returncode == 0 and result.stdout.startswith("treereap %s" % (
             supervisor.__version__)), result.stdout
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+
+
+@given(JSON_VALUES)
+def test_the_receipts_json_is_json_dumps_own_text(value):
+    """The receipt's encoder (which spares every run the import of json, re
+    and enum) writes what json.dumps(value, indent=2) writes."""
+    import json
+    assert supervisor._json(value) == json.dumps(value, indent=2)
