@@ -1,24 +1,59 @@
 #!/usr/bin/env python3
-"""bench.py: measure supervisor.py against the performance targets P0-P14.
+"""bench.py: measure supervisor.py against the performance targets P0-P17.
 
     python3 scripts/bench.py [--python PATH] [--json PATH] [--pairs N] [--quick]
                              [--pairs-big N] [--only P0,P1,...] [--nemo PATH]
-                             [--coverage]
+                             [--pyz PATH] [--coverage]
 
-Takes ~8 minutes on two vCPUs (--quick: ~4). --only runs some groups, for
+Takes ~14 minutes on two vCPUs (--quick: ~6). --only runs some groups, for
 development. COV (the test suite's coverage of supervisor.py) runs only when
 asked, by --coverage or --only COV: it runs the whole test suite. Under a
 pyenv shim the bench may run as the shim's child: to stop it, Ctrl-C (the
 whole foreground group) or signal the bench's own pid.
 
-Every row runs the real interpreter binary PY (default: this one, resolved
-with os.path.realpath; a pyenv shim or any script is refused) as
-`PY supervisor.py ...`, measured side by side with its yardstick in the same
-run: pairs are interleaved, and the order inside a pair alternates (ABBA) so
-neither side always runs on a warmer cache. One warm-up pair is dropped.
-Durations come from time.perf_counter / time.monotonic; CPU time from the
-first field of /proc/PID/schedstat (ns on CPU, still readable while the
-process is a zombie, which the bench checks at start).
+The interpreter. Every row runs one interpreter, PY, whose site loads no
+.pth: a site .pth that imports a package (a pyenv build's can import
+certifi, typing, re and more) costs tens of ms at every start, before any
+script, and would hide every start-up ratio. PY is checked first (SITE_PROBE,
+run as `PY -I` and as `PY -I -S`): no .pth in its site directories, nothing
+imported beyond the bare set (what site itself imports with no site
+directory: itself, and on Debian the standard library's sitecustomize),
+nothing on sys.path beyond the site directories. --python PATH names it
+(refused, in one line, if it is not clean); without it the bench takes the
+first clean one of /usr/bin/python3, /usr/local/bin/python3 and its own
+interpreter, and where none is, it makes one for the run: a venv of the
+first of them whose venv is clean, with its site-packages removed (the same
+binary and standard library; run by the venv's path, which a resolved path
+would lose). The header, the JSON (machine.python*) and docs/performance.md
+say which, and why. A pyenv shim or any script is refused.
+
+Every row runs a copy of supervisor.py taken when the bench starts (in its
+temporary folder; the header and the JSON give its version, commit and
+sha256, and a note says when the project's file changed meanwhile): one
+run measures one version while others edit the file. COV alone measures
+the project's file, through the test suite.
+
+Every row runs PY as `PY supervisor.py ...` (P0: also as a module and as the
+pyz), measured side by side with its yardstick in the same run: pairs are
+interleaved, and the order inside a pair alternates (ABBA) so neither side
+always runs on a warmer cache. One warm-up pair is dropped. Durations come
+from time.perf_counter / time.monotonic; CPU time from the first field of
+/proc/PID/schedstat (ns on CPU, still readable while the process is a
+zombie, which the bench checks at start) unless the row says otherwise.
+
+The load. The machine is shared (a guest may run beside the bench), which is
+why every figure is a ratio or a difference against a yardstick run in the
+same pairs. Each row also says the load it ran under: /proc/loadavg sampled
+at every run started (at most every 0.25 s) from the start of the row's
+measurements to the row: the 1-minute load average's min-max (the table's
+load1 column), its first and last values, the 5-minute one at the end and
+the median number of runnable tasks (the JSON's row.load). Rows computed
+from the same runs (P0-x-cpu and -rss, P6 N=1000 and P8, P12's variants,
+P16's three rows) share one window.
+
+The runs' stderr goes to a file per section (P0, P1, ...): the notes give
+each section's first lines and count its tracebacks by their last line and
+the file of their last frame, with the cause where it is known.
 
 Containments. supervisor.py holds a run in a cgroup v2 of its own where it
 can make one (--containment auto, the default: receipt "cgroup"), else by
@@ -35,33 +70,51 @@ timeout(1)), else 124 at a deadline or stop file, 128+N at signal N; each
 run's status is checked.
 
 How each row is measured
-  P0  the lean core's targets. P0-lines: the code lines of supervisor.py,
-      counted as the project's codelines.py counts them (a line holding a
-      token that is neither a comment nor part of a docstring, the first
-      statement of a module, class or function when it is a string).
-      Checked: <= 3000. P0-cpu and P0-rss: `PY -I FILE --timeout 10
-      --receipt R -- true` for supervisor.py and for NeMo Gym's
-      process_supervisor.py (at commit 978ad55, given with --nemo PATH,
-      fetched into a temporary folder and never added to the project; without
-      --nemo only P0-lines runs, with a note), both copied under the same
-      name, process_supervisor.py, into folders of their own (R beside it),
-      run from the bench's workdir, alternating, max(20, pairs) pairs after
-      one dropped. Each run is under /usr/bin/time (GNU time: a parent
-      smaller than either side, since a child's peak RSS starts at its
-      parent's at the fork): CPU is user + system from the bench's wait4 of
-      time (time and all it reaped: the supervisor and what it ran), peak
-      RSS is time's %M (its wait4 of the supervisor). Exit 0 is checked.
-      Checked: median(ours) / median(theirs) <= 1.4 for CPU (P0-cpu) and
-      <= 1.5 for peak RSS (P0-rss); the JSON gives the median of the
-      per-pair ratios as well.
+  P0  the start-up as the controller runs it. P0-lines: the code lines of
+      supervisor.py, counted as the project's codelines.py counts them (a
+      line holding a token that is neither a comment nor part of a
+      docstring, the first statement of a module, class or function when it
+      is a string). Checked: <= 3250 (the budget of this round, issue #29).
+      Beside NeMo Gym's process_supervisor.py (at commit 978ad55, given with
+      --nemo PATH, fetched into a temporary folder and never added to the
+      project; without --nemo only P0-lines runs, with a note), each side
+      `... --timeout 60 --receipt R -- true`, run from the bench's workdir,
+      max(20, pairs) interleaved ABBA pairs after one dropped, three ways:
+        P0-script  `PY -I process_supervisor.py`: supervisor.py copied under
+                   NeMo Gym's name into a folder of its own, as the drop-in
+                   it is (compiled from source at every start);
+        P0-module  `PYM -I -m supervisor`: PYM is a venv of PY's binary
+                   whose site-packages holds supervisor.py and the bytecode
+                   compiled there at once (as an install does; -I keeps
+                   PYTHONPATH and the working directory off sys.path), and
+                   no .pth (checked as PY is); NeMo Gym's side runs by PYM
+                   too;
+        P0-pyz     `PY -I treereap.pyz`: --pyz PATH (checked with
+                   `build_pyz.py --check`: it must hold this supervisor.py),
+                   else built for the run by scripts/build_pyz.py into the
+                   temporary directory (a pyc per CPython 3.6-3.13 it
+                   finds; a note where none is PY's).
+      NeMo Gym's script is copied likewise into its own folder; every run
+      writes a new receipt (R is removed after each), exit 0 and the
+      receipt's cleanup_confirmed are checked. Each run is under
+      /usr/bin/time (GNU time: a parent smaller than either side, since a
+      child's peak RSS starts at its parent's at the fork): CPU is user +
+      system from the bench's wait4 of time (time, ~1 ms, and all it
+      reaped: the supervisor and its `true`), peak RSS is time's %M (the
+      ru_maxrss of its wait4 of the supervisor). Rows P0-WAY-cpu and
+      P0-WAY-rss: median(ours) / median(NeMo Gym's), the per-pair ratios'
+      median in the JSON. Checked (P0_LIMITS, issue 31): P0-pyz-cpu <= 0.6,
+      P0-pyz-rss <= 0.85, P0-script-cpu <= 1.5; the others are info.
+      P0-site (info): `PY -I -c pass` over `PY -I -S -c pass`, the same way:
+      what site costs on PY with no .pth.
   P1  startup: wall time (posix_spawn to waitpid) of
       `PY supervisor.py --timeout 600 -- true` vs `PY -c pass`; and the same
       with `-I -S` on both sides. Checked: difference of the medians.
       P1c (info): Python compiles supervisor.py from source on every start
-      (no .pyc for __main__): compile(source bytes, path, "exec") timed in the
-      bench's own interpreter (10 times after one dropped; median, min in the
-      JSON), its share of the P1 difference (compile ms / P1 diff ms, the
-      diff/ratio column), and the file's line count.
+      (no .pyc for __main__): compile(source bytes, path, "exec") timed in
+      PY (10 times after one dropped; median, min in the JSON), its share
+      of the P1 difference (compile ms / P1 diff ms, the diff/ratio
+      column), and the file's line count.
       P1-m: `PY -m supervisor` (PYTHONPATH its directory) vs `PY -c pass`:
       the import system loads the bytecode it cached (a warm-up pair writes
       it), so no parse at start. Checked: difference of the medians <= 15 ms.
@@ -146,7 +199,10 @@ How each row is measured
       wall time (P11b, P11b-cgroup).
   P12 storm: `PY respawner.py tree 8 0.002 4000` (tests/helpers; 255
       processes, each in a session of its own, the 128 leaves replacing
-      themselves every 2 ms), under `--timeout 1 --cleanup-timeout 2`; as
+      themselves every 2 ms), under `--timeout 3 --cleanup-timeout 2` (3 s:
+      the storm is READY first, ~1 s here; with the tests' 1 s the deadline
+      often came first, and the storm's nodes still reporting to their dead
+      root died of BrokenPipeError, tracebacks in the runs' stderr); as
       root inside `unshare --pid --fork --mount-proc` (the supervisor is PID 1
       of a namespace of its own: nothing escapes, and the namespace dies with
       it), else directly (the sweep reaps and kills by pid what is left).
@@ -155,8 +211,8 @@ How each row is measured
       round, each going first in turn):
         P12              the default containment, quiet. Checked:
                          cleanup_confirmed in every run and the receipt's
-                         duration_s <= timeout + 3 x cleanup + 2 s = 9 s in
-                         every run (the max). P12-drain (info): its
+                         duration_s <= timeout + 3 x cleanup + 2 s = 11 s
+                         in every run (the max). P12-drain (info): its
                          receipts' draining step.
         P12-cgroup       --containment cgroup, quiet;
         P12-cgroup-load  the same with two busy loops beside it. Checked:
@@ -211,7 +267,9 @@ How each row is measured
       at most 15 bytes), never argv, and every list but `preserved` holds at
       most 1,000 entries: the receipt's size is bounded by construction,
       whatever the argv. 5 runs (--quick 2) after one dropped; the exit
-      status 124 and the receipt's schema_version 4 are checked.
+      status 124 is checked, and the receipt's schema_version: the one
+      supervisor.py declares (RECEIPT_SCHEMA_VERSION, read from the file),
+      4 or later (names, never argv, since 4); P14-size's text gives it.
       P14-size: the receipt's size; checked: max <= 128 KiB.
       P14-list: checked: drained_count = 2,001 and 1,000 entries listed in
       `drained`, in every run; a key of the old schema (an entry's `command`
@@ -222,6 +280,51 @@ How each row is measured
       Checked: max <= 1 s, a small part of exec_timeout()'s 30 s of slack.
       The JSON gives the sizes in bytes, drained_count and the entries
       listed, the longest name, and stop file -> exit.
+  P16 a stop at the deadline of 1,000 processes obeying SIGTERM (the tree
+      helper, argv[3] of them calling setsid()), two shapes: P16-group, all
+      in the command's group; P16-sessions, 500 of them in sessions of their
+      own. Beside NeMo Gym's (--nemo; the row is skipped without it) and
+      GNU timeout (where on PATH), each `--timeout 2` (the tree is ready
+      well before: a run whose ready line came after the deadline is left
+      out, with a note): ours `PY supervisor.py --timeout 2 --workdir W
+      --receipt R -- TREE`, theirs `PY -I process_supervisor.py --timeout 2
+      --receipt R -- TREE`, `timeout 2 TREE`. Rounds of one run each, the
+      order rotating, pairs-big rounds after one dropped. Measured: the
+      deadline -> the exit, as the bench's waitid (WNOWAIT) sees it, the
+      receipt being then on disk and confirmed (checked: ours exits 124 and
+      NeMo Gym's 0, its receipt timed_out). The deadline: ours', its
+      receipt's started_at + 2 s (its deadline is taken just before its
+      fork); NeMo Gym's and timeout's, their command's exec + 2 s (NeMo
+      Gym's takes it when Popen returns, after the exec), dated by the tree
+      helper's time.monotonic() at its first statement minus the exec ->
+      first statement offset, measured in every round by the bench
+      spawning the same helper (posix_spawn returns at its exec; the
+      median, ~6 ms, in the JSON; ours dated that way too, in the JSON).
+      Checked: median(ours) / median(NeMo Gym's) <= 1, every run of both
+      confirmed. P16-ref-SHAPE (reference): timeout's (it exits when its
+      child does, draining nothing; in the sessions shape it leaves 500
+      alive, which the bench kills). P16c-SHAPE (info): each supervisor's
+      CPU (schedstat) from the ready line to its exit; the JSON gives ours'
+      ladder steps (medians).
+  P17 --output F --max-output 1M, F in the bench's directory (its
+      filesystem in the JSON). P17a: the command `sh -c 'sleep 0.2; exec
+      dd if=/dev/zero bs=1M count=1024 status=none'` writes 1 GiB as fast
+      as it can; the yardstick, the same command into a pipe as large as
+      the supervisor's (1 MiB, F_SETPIPE_SZ) that `cat > FILE` beside F
+      copies. The supervisor's CPU (schedstat of its own process, not its
+      children) from 0.05 s after its command appears in its children file
+      (its start-up done, the writer still asleep) to its exit; cat's
+      user+sys from wait4 (cat alone). The JSON also gives the supervisor's
+      whole run and the same span by /proc/PID/stat utime+stime (ticks).
+      Checked: median(supervisor) / median(cat) <= 1.2, pairs-big ABBA
+      pairs after one dropped; the receipt's output must have seen 1 GiB
+      and F must stay within the cap. P17b: the command writes one byte
+      every 200 us for 8 s (TRICKLE_HELPER: a Python loop paced by the
+      clock), and at its end its own CPU
+      (time.process_time()); the supervisor's CPU as in P17a. Checked:
+      median(supervisor) / median(the command's own) <= 1; 3 runs (--quick
+      1), each beside the same trickle into cat (cat's CPU and the us per
+      byte of each in the JSON).
   ref rows: GNU timeout / tini, when on PATH, for P1, P2 and P6 (timeout and
       tini exit when their child exits: they do not wait for the tree).
   COV statement coverage of supervisor.py by the project's test suite,
@@ -289,6 +392,7 @@ import gc
 import json
 import os
 import platform
+import re
 import select
 import shutil
 import signal
@@ -299,7 +403,11 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUPERVISOR = os.path.join(ROOT, "supervisor.py")
+# The project's file; the rows run a copy of it taken at the bench's start
+# (main() points SUPERVISOR there), so that one run measures one version of
+# it while the file is being edited. COV measures the project's file.
+PROJECT_SUPERVISOR = SUPERVISOR = os.path.join(ROOT, "supervisor.py")
+BUILD_PYZ = os.path.join(ROOT, "scripts", "build_pyz.py")
 # `PY -m supervisor`, its directory on PYTHONPATH: the import system loads the
 # cached bytecode (__pycache__) instead of parsing the file at every start,
 # and drops the parse tree, which CPython keeps for a script while it runs.
@@ -320,7 +428,10 @@ CROWD_LIMIT = 1.5      # P11: crowded / quiet, CPU and wall
 # and forks about twice as fast, which is a harsher storm than the tests'.
 RESPAWNER = os.path.join(ROOT, "tests", "helpers", "respawner.py")
 STORM = ["tree", "8", "0.002", "4000"]
-STORM_TIMEOUT, STORM_CLEANUP = 1.0, 2.0
+# The deadline comes once the storm is READY (~1 s here): at the tests' 1 s it
+# often came first, the root died, and the nodes still reporting to it died
+# of BrokenPipeError (tracebacks in the runs' stderr), with no storm stopped.
+STORM_TIMEOUT, STORM_CLEANUP = 3.0, 2.0
 STORM_BOUND = STORM_TIMEOUT + 3 * STORM_CLEANUP + 2.0
 STORM_ABORT = 30.0     # P12: a run still going by then is killed (a miss, and no more runs)
 STORM_DRAIN_LIMIT = 1.0  # P12-cgroup: the receipt's draining step, every run
@@ -349,10 +460,13 @@ ARGV_DRAINED = 2 * ARGV_N + 1  # the sh's, their sleeps and the helper
 RECEIPT_LIST_LIMIT = 1000  # supervisor.py's _LIST_LIMIT: entries listed in `drained`
 RECEIPT_SIZE_LIMIT_KIB = 128.0  # names, not argv: ~40 bytes an entry, whatever the argv
 RECEIPT_EXIT_LIMIT = 1.0   # receipt ended_at -> the supervisor's exit, s
+# P14: names, never argv, and bounded lists: since schema 4. The receipt must
+# give the schema supervisor.py declares (RECEIPT_SCHEMA_VERSION), 4 or later.
+RECEIPT_SCHEMA_MIN = 4
 # COV: the suite's statement coverage of supervisor.py, subprocesses included.
 VENV_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 # coverage records a file by its real path: treereap.py (a link) is this too.
-SUPERVISOR_REAL = os.path.realpath(SUPERVISOR)
+SUPERVISOR_REAL = os.path.realpath(PROJECT_SUPERVISOR)
 COVERAGE_LIMIT = 90.0      # percent of statements executed
 # execv too: a forked child's lines before its exec (the command's setup: --user,
 # the cgroup, the terminal) are otherwise never saved, and would look dead.
@@ -361,26 +475,67 @@ COVERAGE_SUITE_ABORT = 1800.0  # s: a suite still running by then is killed (the
 COVERAGE_NOTE_RANGES = 30  # ranges printed as notes (all of them are in the JSON)
 # Where tests/test_trust.py looks for a python3 the user nobody can run.
 NOBODY_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+# The interpreter of every row: one whose site loads no .pth (a site .pth that
+# imports a package costs tens of ms before any script, and would hide every
+# ratio). Without --python the bench looks at these, then at its own
+# interpreter; where none is clean it makes one: a venv of one of them whose
+# site-packages is removed (the same binary and standard library, no .pth).
+PYTHON_CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3")
+NEMO_MIN_PYTHON = (3, 8)   # NeMo Gym's script imports typing.TypedDict
+# Load: /proc/loadavg sampled at most this often while a row runs (and at
+# its start and end), so each row says the load it was measured under.
+LOAD_EVERY = 0.25
+# P0: the start-up as the controller runs it, each way beside NeMo Gym's
+# script: (way, measure) -> the target ratio to NeMo Gym's (issue 31); the
+# other (way, measure) pairs are info.
+P0_TIMEOUT = "60"
+P0_LIMITS = {("pyz", "cpu"): 0.6, ("pyz", "rss"): 0.85, ("script", "cpu"): 1.5}
+# P16: a stop at the deadline of STOP_N processes obeying SIGTERM, ours beside
+# NeMo Gym's (and GNU timeout's): all in the command's group, or half of them
+# in sessions of their own. The deadline leaves the tree time to be ready.
+STOP_N = 1000
+STOP_TIMEOUT = 2.0
+STOP_SHAPES = (("group", 0), ("sessions", STOP_N // 2))
+STOP_LIMIT = 1.0           # ours / NeMo Gym's, the medians
+# P17: --output FILE --max-output 1M. A writer of OUTPUT_BYTES as fast as it
+# can (dd, 1 MiB blocks), beside cat copying the same writer's pipe to a file
+# on the same filesystem; and a trickle, one byte every TRICKLE_PERIOD for
+# TRICKLE_SECONDS. The writer waits OUTPUT_DELAY before its first byte, so
+# that the supervisor's CPU is sampled after its start-up and before it.
+OUTPUT_BYTES = 1 << 30
+OUTPUT_CAP = "1M"
+OUTPUT_PIPE = 1 << 20      # supervisor.py's pipe size (F_SETPIPE_SZ): cat's pipe gets it too
+OUTPUT_LIMIT = 1.2         # the supervisor's CPU / cat's
+OUTPUT_DELAY = 0.2
+TRICKLE_SECONDS, TRICKLE_PERIOD = 8.0, 0.0002
+F_SETPIPE_SZ = 1031        # fcntl.F_SETPIPE_SZ (named there from 3.10)
 
 # --- Helpers written into the temporary directory, run as `PY -I -S file` ----------------
 
-# P6/P7/P8/P10: N processes in the helper's own process group; SIGCHLD stays at
-# its default so dead children stay zombies until the helper dies, and then go
-# to the nearest subreaper (the supervisor, or the bench for the yardstick).
+# P6/P7/P8/P10/P16: N processes in the helper's own process group (P16: argv[3]
+# of them in sessions of their own); SIGCHLD stays at its default so dead
+# children stay zombies until the helper dies, and then go to the nearest
+# subreaper (the supervisor, or the bench for the yardstick). Its ready line
+# gives its pid and time.monotonic() at its first statement.
 TREE_HELPER = r'''
+import time
+STARTED = time.monotonic()  # its first statement: P16 dates its exec by it
 import os, signal, sys
 def main():
     n, mode = int(sys.argv[1]), sys.argv[2]
+    sessions = int(sys.argv[3]) if len(sys.argv) > 3 else 0  # P16: that many setsid()
     if mode == "ignore":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the children
-    for _ in range(n - 1):
+    for i in range(n - 1):
         if os.fork() == 0:
             try:
+                if i < sessions:
+                    os.setsid()
                 while True:
                     signal.pause()
             finally:
                 os._exit(0)
-    os.write(1, ("ready %d\n" % os.getpid()).encode())
+    os.write(1, ("ready %d %r\n" % (os.getpid(), STARTED)).encode())
     while True:
         signal.pause()
 main()
@@ -454,14 +609,97 @@ def main():
 main()
 '''
 
+# P1c: compile(argv[1]) argv[2] times, each one's ms on stdout.
+COMPILE_TIMER = ("import sys, time\n"
+                 "source = open(sys.argv[1], 'rb').read()\n"
+                 "for _ in range(int(sys.argv[2])):\n"
+                 "    t0 = time.perf_counter()\n"
+                 "    compile(source, sys.argv[1], 'exec', dont_inherit=True)\n"
+                 "    print((time.perf_counter() - t0) * 1000)\n")
+
 # P2b: sleep 0.1 s (so the supervisor is waiting when it exits), write
 # time.monotonic() on stdout, exit at once.
 EXIT_STAMP = ("import os, time; time.sleep(0.1); "
               "os.write(1, repr(time.monotonic()).encode()); os._exit(0)")
 
+# P17b: one byte every argv[2] s for argv[1] s, paced by the clock (never a
+# burst: a late byte is written at once, the next one a period later); then
+# writes "bytes CPU-seconds wall-seconds" of its own to the file argv[3].
+TRICKLE_HELPER = r'''
+import os, sys, time
+def main():
+    seconds, period, stamp = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+    start = time.monotonic()
+    due, end, written = start, start + seconds, 0
+    while due < end:
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        os.write(1, b".")
+        written += 1
+        due = max(due + period, now)
+    with open(stamp, "w") as f:
+        f.write("%d %r %r\n" % (written, time.process_time(), time.monotonic() - start))
+main()
+'''
+
+# The interpreter's check, run as `PY -I -c` and as `PY -I -S -c`. With -I it
+# takes sys.modules and sys.path as site left them (its first statement);
+# with -S it imports site and runs its main() with no site directory
+# (addsitedir made to do nothing, so no .pth is read and nothing installed
+# can be imported): the bare set, what site itself imports on this version
+# (3.6's imports sysconfig; Debian's, the sitecustomize of its standard
+# library). It also lists the site directories that exist and the .pth
+# files in them.
+SITE_PROBE = r'''
+import sys
+modules, path = set(sys.modules), list(sys.path)
+if sys.flags.no_site:
+    import site
+    site.addsitedir = lambda sitedir, known_paths=None: known_paths
+    site.main()
+    modules, sys.path[:] = set(sys.modules), path
+import json, os, site
+dirs = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+if site.ENABLE_USER_SITE:
+    dirs.append(site.getusersitepackages())
+dirs = [d for d in dirs if os.path.isdir(d)]
+print(json.dumps({"modules": sorted(modules), "path": path, "site_dirs": dirs,
+                  "pth": sorted(os.path.join(d, n) for d in dirs for n in os.listdir(d)
+                                if n.endswith(".pth")),
+                  "version": list(sys.version_info[:3]), "cache_tag": sys.implementation.cache_tag,
+                  "prefix": sys.prefix, "base_prefix": getattr(sys, "base_prefix", sys.prefix)}))
+'''
+
 
 class BenchError(Exception):
     """The bench cannot measure here; one line for the user."""
+
+
+# Lines in the runs' stderr that a row causes on purpose: (section, how the
+# line starts) -> the explanation the note gives.
+KNOWN_STDERR = {
+    ("P15", "treereap: cannot enforce the limits"):
+        " (P15's probe of which limits this machine enforces: the ones refused are left out)",
+    ("P15", "treereap: --memory-max"):
+        " (P15's probe of which limits this machine enforces: the ones refused are left out)",
+    ("P12", "treereap: cleanup not confirmed"):
+        " (the /proc walk variants, P12-proc*, race the storm for the CPU: their rows count "
+        "the runs confirmed)",
+}
+# Tracebacks in the runs' stderr whose cause is known: (exception, the file
+# of the last frame) -> the explanation the note gives.
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+KNOWN_TRACEBACKS = {
+    ("OSError", "respawner.py"):
+        " (P12: a storm node forking in the run's PID namespace once its init, the"
+        " supervisor, has exited: the kernel refuses the fork with ENOMEM; it follows the"
+        " runs the /proc walk did not confirm)",
+    ("BrokenPipeError", "respawner.py"):
+        " (P12: the storm's nodes report to its root through a pipe; a root that died at"
+        " the deadline before READY leaves the last nodes writing to a closed pipe:"
+        " the run's notes say which runs were not READY)",
+}
 
 
 # --- Small tools -------------------------------------------------------------------------------
@@ -484,6 +722,16 @@ def schedstat_ns(pid):
     if text is None:
         raise BenchError("cannot read /proc/%d/schedstat" % pid)
     return int(text.split()[0])
+
+
+def stat_cpu_ticks(pid):
+    """utime + stime of pid (also a zombie) in clock ticks: /proc/PID/stat,
+    the process alone, not the children it waited for."""
+    text = read_text("/proc/%d/stat" % pid)
+    if text is None:
+        raise BenchError("cannot read /proc/%d/stat" % pid)
+    fields = text.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
 
 
 def forks_of(pid):
@@ -583,8 +831,16 @@ def parse_utc(text):
     return moment.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
+def is_venv_python(path):
+    """Is path a venv's interpreter (a pyvenv.cfg beside it or one level
+    up)? Run by that path: resolved to its binary it would lose the venv."""
+    here = os.path.dirname(os.path.abspath(path))
+    return any(os.path.exists(os.path.join(d, "pyvenv.cfg")) for d in (here, os.path.dirname(here)))
+
+
 def resolve_python(path):
-    """The real interpreter binary behind path; refuse shims and scripts."""
+    """The interpreter to run: path itself where it is a venv's, else the
+    real binary behind it; pyenv shims and scripts are refused."""
     real = os.path.realpath(path)
     if "/shims/" in real or "/shims/" in path:
         raise BenchError("%s is a pyenv shim; pass the real binary, e.g. "
@@ -598,16 +854,117 @@ def resolve_python(path):
         raise BenchError("%s is a script (a shim or wrapper), not an interpreter binary" % real)
     if magic != b"\x7fELF" or not os.access(real, os.X_OK):
         raise BenchError("%s is not an executable ELF interpreter binary" % real)
-    return real
+    return os.path.abspath(path) if is_venv_python(path) else real
+
+
+def site_check(py):
+    """What site does in `py -I` beyond `py -I -S`: {"clean", "why" (a list
+    of short reasons), "version", "cache_tag", "site_dirs", "pth",
+    "extra_modules", "extra_path", "prefix", "base_prefix"}. Clean: no .pth
+    in a site directory, nothing imported beyond the bare set (SITE_PROBE:
+    what site itself imports without a site directory), nothing on sys.path
+    beyond the site directories (a .pth's lines). A site directory without
+    a .pth may be on sys.path: it costs nothing until an import misses the
+    standard library."""
+    found = {}
+    for flags in (["-I"], ["-I", "-S"]):
+        done = subprocess.run([py] + flags + ["-c", SITE_PROBE], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if done.returncode != 0:
+            raise BenchError("%s %s could not run the site check: %s" % (
+                py, " ".join(flags), done.stderr.decode("utf-8", "replace").strip()[-200:]))
+        found[len(flags)] = json.loads(done.stdout.decode())
+    full, bare = found[1], found[2]
+    extra_modules = sorted(set(full["modules"]) - set(bare["modules"]))
+    extra_path = [d for d in full["path"] if d not in bare["path"] and d not in full["site_dirs"]]
+    why = []
+    if full["pth"]:
+        why.append("its site loads %s" % ", ".join(full["pth"]))
+    if extra_modules:
+        why.append("imports %d module(s) beyond the bare set (%s%s)" % (
+            len(extra_modules), ", ".join(extra_modules[:6]), ", ..." if extra_modules[6:] else ""))
+    if extra_path:
+        why.append("puts %s on sys.path" % ", ".join(extra_path))
+    return {"clean": not why, "why": why, "version": ".".join(map(str, full["version"])),
+            "version_info": full["version"], "cache_tag": full["cache_tag"],
+            "site_dirs": full["site_dirs"], "pth": full["pth"], "extra_modules": extra_modules,
+            "extra_path": extra_path, "prefix": full["prefix"], "base_prefix": full["base_prefix"]}
+
+
+def make_venv(base, directory, keep_site=False):
+    """A venv of base at directory, without pip: (its python3, its
+    site-packages). Without keep_site its site-packages is removed (a
+    venv's is empty), so its site adds nothing at all."""
+    done = subprocess.run([base, "-I", "-m", "venv", "--without-pip", directory],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise BenchError("%s -m venv %s failed: %s" % (
+            base, directory, done.stdout.decode("utf-8", "replace").strip()[-200:]))
+    python = os.path.join(directory, "bin", "python3")
+    site = subprocess.run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], stdout=subprocess.PIPE, check=True)
+    site = site.stdout.decode().strip()
+    if not keep_site and os.path.isdir(site):
+        shutil.rmtree(site)
+    return python, site
+
+
+def choose_python(given, scratch):
+    """The interpreter of every row, and how it was chosen: (path, its
+    site_check, how). Given, it must be clean (else a one-line refusal).
+    Else the first clean one of PYTHON_CANDIDATES and the bench's own;
+    else the first of them whose venv (made under scratch, site-packages
+    removed) is clean."""
+    if given:
+        py = resolve_python(given)
+        check = site_check(py)
+        if not check["clean"]:
+            raise BenchError("--python %s is not clean: %s; give one whose site loads no .pth "
+                             "(or omit --python: the bench makes a venv without site-packages)"
+                             % (given, "; ".join(check["why"])))
+        return py, check, "given (--python)"
+    candidates, seen = [], set()
+    for path in list(PYTHON_CANDIDATES) + [sys.executable]:
+        try:
+            py = resolve_python(path) if os.path.exists(path) else None
+        except BenchError:
+            py = None
+        if py is not None and os.path.realpath(py) not in seen:
+            seen.add(os.path.realpath(py))
+            candidates.append(py)
+    if not candidates:
+        raise BenchError("no interpreter found: give one with --python PATH")
+    refused = []
+    for py in candidates:
+        check = site_check(py)
+        if check["clean"]:
+            return py, check, "found: its site loads no .pth"
+        refused.append("%s (%s)" % (py, "; ".join(check["why"])))
+    for k, base in enumerate(candidates):
+        venv, _ = make_venv(os.path.realpath(base), os.path.join(scratch, "clean-%d" % k))
+        check = site_check(venv)
+        if check["clean"]:
+            return venv, check, ("made: a venv of %s without site-packages, as none here loads "
+                                 "no .pth: %s" % (os.path.realpath(base), ", ".join(refused)))
+        refused.append("a venv of %s (%s)" % (base, "; ".join(check["why"])))
+    raise BenchError("no clean interpreter here (every one's site loads a .pth or more): %s"
+                     % "; ".join(refused))
 
 
 # --- The bench -------------------------------------------------------------------------------
 
 class Bench(object):
 
-    def __init__(self, py, pairs, pairs_big, quick, nemo=None):
+    def __init__(self, py, pairs, pairs_big, quick, nemo=None, pyz=None, scratch=None):
         self.py, self.pairs, self.pairs_big, self.quick = py, pairs, pairs_big, quick
-        self.nemo = nemo        # P0's baseline: NeMo Gym's process_supervisor.py
+        self.nemo = nemo        # P0/P16's baseline: NeMo Gym's process_supervisor.py
+        self.pyz = pyz          # P0: treereap.pyz (None: built into the temporary directory)
+        self.scratch = scratch  # where the interpreter's venvs are made
+        self.pym = None         # P0-module: a venv of PY with supervisor.py in its site-packages
+        self.python_check = {}  # site_check() of PY (main sets it)
+        self.load, self.row_start = [], time.monotonic()  # /proc/loadavg samples; the row's start
+        self.section, self.stderr_logs = None, []  # the runs' stderr, a file per section
         self.window = 5.0 if quick else IDLE_WINDOW
         self.idle_count = 10 if quick else 30
         self.rows, self.notes = [], []
@@ -634,9 +991,8 @@ class Bench(object):
         self.sigwait = self._write("sigwait.py", SIGWAIT_HELPER)
         self.fanout = self._write("fanout.py", FANOUT_HELPER)
         self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        self.stderr_log = os.path.join(self.tmp, "stderr.log")
-        self.stderr_fd = os.open(self.stderr_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND
-                                 | os.O_CLOEXEC, 0o644)
+        self.stderr_fd = None
+        self.set_section("start")
         self.run_id = 0
 
     def _mkdir(self, name):
@@ -652,12 +1008,13 @@ class Bench(object):
 
     # -- Processes ------------------------------------------------------------------------
 
-    def spawn(self, argv, stdout=None, pgroup=None, env=None):
-        """posix_spawn argv (argv[0] a path or found on PATH); stdin /dev/null,
-        stdout to the fd given or /dev/null, stderr to the bench's log; the
+    def spawn(self, argv, stdout=None, pgroup=None, env=None, stdin=None):
+        """posix_spawn argv (argv[0] a path or found on PATH); stdin and stdout
+        from the fds given or /dev/null, stderr to the section's log; the
         bench's environment unless env is given."""
+        self.sample_load()
         path = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
-        actions = [(os.POSIX_SPAWN_DUP2, self.devnull, 0),
+        actions = [(os.POSIX_SPAWN_DUP2, self.devnull if stdin is None else stdin, 0),
                    (os.POSIX_SPAWN_DUP2, self.devnull if stdout is None else stdout, 1),
                    (os.POSIX_SPAWN_DUP2, self.stderr_fd, 2)]
         kwargs = {"file_actions": actions}
@@ -762,6 +1119,47 @@ class Bench(object):
             return []
         return ["--containment", "cgroup" if containment == "cgroup" else "proc"]
 
+    # -- Sections: the load and the stderr of each row --------------------------------------
+
+    def begin(self, text, section=None):
+        """Measurements start: their progress line; from now on the load
+        samples are the next row's (rows made of the same runs share them),
+        and the runs' stderr goes to the section's own file (section: the
+        text's first word)."""
+        progress(text)
+        self.set_section(section or text.split()[0])
+        self.row_start = time.monotonic()
+        self.sample_load(force=True)
+
+    def set_section(self, name):
+        if name == self.section:
+            return
+        path = os.path.join(self.tmp, "stderr-%02d-%s.log" % (len(self.stderr_logs), name))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        if self.stderr_fd is not None:
+            os.close(self.stderr_fd)
+        self.section, self.stderr_fd = name, fd
+        self.stderr_logs.append((name, path))
+
+    def sample_load(self, force=False):
+        """A /proc/loadavg sample (monotonic time, load1, load5, runnable
+        now), at most every LOAD_EVERY s unless forced."""
+        now = time.monotonic()
+        if not force and self.load and now - self.load[-1][0] < LOAD_EVERY:
+            return
+        fields = (read_text("/proc/loadavg") or "nan nan nan 0/0").split()
+        self.load.append((now, float(fields[0]), float(fields[1]), int(fields[3].split("/")[0])))
+
+    def row_load(self):
+        """The load while the row's runs ran: its samples since begin()."""
+        self.sample_load(force=True)
+        window = [x for x in self.load if x[0] >= self.row_start] or self.load[-1:]
+        load1 = [x[1] for x in window]
+        return {"load1_start": load1[0], "load1_end": load1[-1], "load1_min": min(load1),
+                "load1_max": max(load1), "load5_end": window[-1][2],
+                "runnable_median": median([x[3] for x in window]), "samples": len(window),
+                "seconds": round(window[-1][0] - self.row_start, 1)}
+
     def note(self, text):
         if text not in self.notes:
             self.notes.append(text)
@@ -787,10 +1185,13 @@ class Bench(object):
             "value": value, "target": target, "limit": limit, "result": result,
             "samples": [round(s, 4) for s in samples],
             "yardstick_samples": [round(s, 4) for s in yard] if yard else None,
+            "load": self.row_load(),
         }
         entry.update(extra or {})
         self.rows.append(entry)
-        progress("  %s %s: median %.3f %s -> %s" % (row, what, entry["median"], unit, result))
+        progress("  %s %s: median %.3f %s -> %s (load %.2f-%.2f)" % (
+            row, what, entry["median"], unit, result, entry["load"]["load1_min"],
+            entry["load"]["load1_max"]))
         return entry
 
     def paired(self, run_a, run_b, count):
@@ -798,6 +1199,7 @@ class Bench(object):
         alternating which goes first; the two lists of results."""
         a, b = [], []
         for i in range(count + 1):
+            self.sample_load()
             first, second = (run_a, run_b) if i % 2 == 0 else (run_b, run_a)
             x, y = first(), second()
             if i == 0:
@@ -811,10 +1213,11 @@ class Bench(object):
         return a, b
 
     def module_env(self):
-        """The environment for `PY -m supervisor`: its directory first on
-        sys.path, and bytecode written to __pycache__ (the first run caches it)."""
+        """The environment for `PY -m supervisor`: its directory (the copy's)
+        first on sys.path, and bytecode written to __pycache__ (the first run
+        caches it)."""
         env = dict((k, v) for k, v in self.env.items() if k != "PYTHONDONTWRITEBYTECODE")
-        env["PYTHONPATH"] = ROOT
+        env["PYTHONPATH"] = os.path.dirname(SUPERVISOR)
         return env
 
     def wall_pairs(self, argv_a, argv_b, expect_a=0, expect_b=0, env_a=None):
@@ -857,53 +1260,153 @@ class Bench(object):
         return usage.ru_utime + usage.ru_stime, peak[-1], exit_code(status)
 
     def p0_lean_core(self):
-        """The lean core's targets, beside NeMo Gym's process_supervisor.py run
-        the same way: code lines, and a start-up as a copied script."""
+        """P0: code lines; then the start-up as the controller runs it, three
+        ways, each beside NeMo Gym's script (see the docstring)."""
         lines = code_lines(SUPERVISOR)
+        self.begin("P0-lines code lines")
         self.add_row("P0-lines", "code lines of supervisor.py (codelines.py's count)", [lines],
-                     "lines", "<= 3000", lines, 3000.0)
+                     "lines", "<= 3250", lines, 3250.0)
         if self.nemo is None:
             self.note("P0: no --nemo PATH (NeMo Gym's process_supervisor.py): no side by side")
             return
         if not os.access(TIME, os.X_OK):
             raise BenchError("P0 needs GNU time at %s (apt-get install time)" % TIME)
         count = max(20, self.pairs)
-        progress("P0 start-up as a copied script, %d pairs beside NeMo Gym's" % count)
-        copies = {}
-        for name, source in (("ours", SUPERVISOR), ("theirs", self.nemo)):
-            directory = self._mkdir("p0-" + name)
-            copies[name] = (os.path.join(directory, "process_supervisor.py"), directory)
-            shutil.copyfile(source, copies[name][0])
+        nemo = self.copy_as("p0-nemo", self.nemo)
+        ours = self.copy_as("p0-script", SUPERVISOR)
+        pyz = self.pyz_path()
+        pym = self.module_python()
+        self.begin("P0-site the interpreter's site, %d pairs" % count, "P0")
+        site, bare = self.paired(self.p0_runner([self.py, "-I", "-c", "pass"], None),
+                                 self.p0_runner([self.py, "-I", "-S", "-c", "pass"], None), count)
+        self.add_row("P0-site", "PY -I -c pass over PY -I -S -c pass (what site costs here)",
+                     [x[0] for x in site], "ms CPU", "info", None, yard=[x[0] for x in bare],
+                     extra={"rss_mib": median([x[1] for x in site]),
+                            "yardstick_rss_mib": median([x[1] for x in bare])})
+        for way, py, prefix, how in (
+                ("script", self.py, [self.py, "-I", ours], "PY -I process_supervisor.py (a copy)"),
+                ("module", pym, [pym, "-I", "-m", MODULE],
+                 "PYM -I -m supervisor (bytecode cached; PYM: a venv of PY, supervisor.py in its "
+                 "site-packages)"),
+                ("pyz", self.py, [self.py, "-I", pyz], "PY -I treereap.pyz")):
+            self.begin("P0-%s start-up: %s, %d pairs beside NeMo Gym's" % (way, how, count), "P0")
+            a, b = self.paired(self.p0_runner(prefix, "p0-" + way),
+                               self.p0_runner([py, "-I", nemo], "p0-nemo"), count)
+            for key, measure, unit in ((0, "cpu", "ms CPU"), (1, "rss", "MiB")):
+                ours_x, theirs_x = [x[key] for x in a], [x[key] for x in b]
+                ratio = median(ours_x) / median(theirs_x)
+                limit = P0_LIMITS.get((way, measure))
+                self.add_row("P0-%s-%s" % (way, measure), "start-up, %s, %s over NeMo Gym's "
+                             "(%s -I process_supervisor.py): --timeout %s --receipt R -- true" % (
+                                 how, "CPU" if measure == "cpu" else "peak RSS",
+                                 "PYM" if py == pym and py != self.py else "PY", P0_TIMEOUT),
+                             ours_x, unit, "ratio <= %g" % limit if limit else "info (ratio)",
+                             ratio if limit else None, limit, yard=theirs_x, diff=ratio,
+                             diff_text="ratio",
+                             extra={"paired_ratio_median": median([x / y for x, y in
+                                                                   zip(ours_x, theirs_x)]),
+                                    "way": way, "python": py, "argv": prefix,
+                                    "baseline": self.nemo})
 
-        def runner(name):
-            path, directory = copies[name]
+    def copy_as(self, name, source):
+        """source copied as process_supervisor.py into a folder of its own
+        (NeMo Gym's name: ours as the drop-in it is), beside its receipt."""
+        path = os.path.join(self._mkdir(name), "process_supervisor.py")
+        shutil.copyfile(source, path)
+        return path
+
+    def p0_runner(self, prefix, name):
+        """One P0 run of prefix under /usr/bin/time: (CPU ms, peak RSS MiB).
+        With name, prefix is a supervisor, given `--timeout P0_TIMEOUT
+        --receipt R -- true` with R in the folder name (made at the first
+        run); its exit 0 and its receipt's cleanup_confirmed are checked,
+        and R removed, so every run writes a new one."""
+        receipt = None
+        if name is not None:
+            directory = os.path.join(self.tmp, name)
+            if not os.path.isdir(directory):
+                os.mkdir(directory)
             receipt = os.path.join(directory, "receipt.json")
 
-            def run():
-                cpu, peak, status = self.timed_by_time(
-                    [self.py, "-I", path, "--timeout", "10", "--receipt", receipt, "--", "true"],
-                    cwd=self.work)
-                if status != 0:
-                    self.note("P0: %s exited %d" % (name, status))
-                return cpu * 1000, peak / 1024.0
-            return run
-        ours, theirs = self.paired(runner("ours"), runner("theirs"), count)
-        for key, row, unit, limit in ((0, "P0-cpu", "ms CPU", 1.4), (1, "P0-rss", "MiB", 1.5)):
-            a, b = [x[key] for x in ours], [x[key] for x in theirs]
-            ratio = median(a) / median(b)
-            self.add_row(row, "start-up as a copied script (PY -I FILE --timeout 10 --receipt R "
-                         "-- true), over NeMo Gym's", a, unit, "ratio <= %g" % limit, ratio, limit,
-                         yard=b, diff=ratio, diff_text="ratio",
-                         extra={"paired_ratio_median": median([x / y for x, y in zip(a, b)]),
-                                "baseline": self.nemo})
+        def run():
+            argv = list(prefix)
+            if receipt is not None:
+                argv += ["--timeout", P0_TIMEOUT, "--receipt", receipt, "--", "true"]
+            cpu, peak, status = self.timed_by_time(argv, cwd=self.work)
+            if status != 0:
+                self.note("P0: %s exited %d" % (" ".join(prefix[1:]), status))
+            if receipt is not None:
+                try:
+                    with open(receipt) as f:
+                        confirmed = json.load(f).get("cleanup_confirmed")
+                    os.unlink(receipt)
+                except (OSError, ValueError) as e:
+                    confirmed = "no receipt (%s)" % e
+                if confirmed is not True:
+                    self.note("P0: %s: cleanup_confirmed %s" % (" ".join(prefix[1:]), confirmed))
+            return cpu * 1000, peak / 1024.0
+        return run
+
+    def pyz_path(self):
+        """treereap.pyz: the one given (--pyz), which must hold this
+        supervisor.py, or one built now by scripts/build_pyz.py into the
+        temporary directory (every CPython 3.6-3.13 it finds). A note says
+        when it holds no bytecode for PY (it then compiles the source)."""
+        if self.pyz is None:
+            self.pyz = os.path.join(self.tmp, "treereap.pyz")
+            done = subprocess.run([sys.executable, BUILD_PYZ, "-o", self.pyz, "--source",
+                                   SUPERVISOR], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            if done.returncode != 0:
+                raise BenchError("P0: scripts/build_pyz.py failed: %s" % done.stdout.decode(
+                    "utf-8", "replace").strip()[-200:])
+        else:
+            done = subprocess.run([sys.executable, BUILD_PYZ, "--check", self.pyz, "--source",
+                                   SUPERVISOR], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            if done.returncode != 0:
+                raise BenchError("--pyz %s does not hold this supervisor.py: build it again "
+                                 "(python3 scripts/build_pyz.py -o %s)" % (self.pyz, self.pyz))
+        import zipfile
+        with zipfile.ZipFile(self.pyz) as z:
+            build = z.read("BUILD.txt").decode("utf-8", "replace")
+            names = z.namelist()
+        tag = self.python_check["cache_tag"]
+        wanted = "treereap_%s.pyc" % tag.split("-")[-1]
+        if wanted not in names:
+            self.note("P0: %s holds no %s: on this interpreter it compiles supervisor.py at "
+                      "every start" % (self.pyz, wanted))
+        self.pyz_build = build
+        return self.pyz
+
+    def module_python(self):
+        """PYM, for P0-module: a venv of PY's binary whose site-packages holds
+        supervisor.py and its bytecode (compiled now, as an install does), and
+        nothing else; checked as PY was, but for that directory on sys.path."""
+        if self.pym is None:
+            python, site = make_venv(os.path.realpath(self.py), os.path.join(self.tmp, "pym"),
+                                     keep_site=True)
+            if not os.path.isdir(site):
+                os.makedirs(site)
+            target = os.path.join(site, MODULE + ".py")
+            shutil.copyfile(SUPERVISOR, target)
+            subprocess.run([python, "-I", "-c", "import py_compile, sys; "
+                            "py_compile.compile(sys.argv[1], doraise=True)", target], check=True)
+            check = site_check(python)
+            if not check["clean"]:
+                raise BenchError("P0: the module row's venv %s is not clean: %s"
+                                 % (python, "; ".join(check["why"])))
+            self.pym = python
+        return self.pym
 
     # P1 ---------------------------------------------------------------------------------------
 
     def p1_startup(self):
-        progress("P1 startup")
+        self.begin("P1 startup")
         diffs = {}
         for flags, row, limit, bare in (([], "P1", 15.0, "PY -c pass"),
                                         (["-I", "-S"], "P1-IS", 25.0, "PY -I -S -c pass")):
+            self.begin("%s startup %s" % (row, " ".join(flags)), "P1")
             sup = [self.py] + flags + [SUPERVISOR, "--timeout", "600", "--", "true"]
             sup_ms, bare_ms = self.wall_pairs(sup, [self.py] + flags + ["-c", "pass"])
             diff = median(sup_ms) - median(bare_ms)
@@ -912,7 +1415,9 @@ class Bench(object):
                          " ".join(flags) + " " if flags else "", bare, self.contained(None)),
                          sup_ms, "ms", "diff <= %g ms" % limit, diff, limit, yard=bare_ms,
                          extra={"paired_diff_median": median([s - b for s, b in zip(sup_ms, bare_ms)])})
+        self.begin("P1c compile supervisor.py", "P1")
         self.p1_compile_share(diffs)
+        self.begin("P1-m startup -m supervisor", "P1")
         sup = [self.py, "-m", MODULE, "--timeout", "600", "--", "true"]
         sup_ms, bare_ms = self.wall_pairs(sup, [self.py, "-c", "pass"], env_a=self.module_env())
         diff = median(sup_ms) - median(bare_ms)
@@ -921,6 +1426,7 @@ class Bench(object):
                      yard=bare_ms)
         true = shutil.which("true")
         for name, prefix in reference_tools():
+            self.begin("P1-ref %s" % name, "P1")
             tool_ms, true_ms = self.wall_pairs(prefix + [true], [true])
             self.add_row("P1-ref", "%s true, over bare true" % " ".join([name] + prefix[1:]),
                          tool_ms, "ms", "reference", None, yard=true_ms)
@@ -931,16 +1437,11 @@ class Bench(object):
         with open(SUPERVISOR, "rb") as f:
             source = f.read()
         lines = len(source.splitlines())
-        times = []
-        for i in range(COMPILE_REPEATS + 1):
-            t0 = time.perf_counter()
-            compile(source, SUPERVISOR, "exec", dont_inherit=True)
-            if i:  # the first one warms up
-                times.append((time.perf_counter() - t0) * 1000)
-        bench_py = os.path.realpath(sys.executable)
-        if bench_py != self.py:
-            self.note("P1c: compile() was timed in the bench's interpreter %s, not in %s"
-                      % (bench_py, self.py))
+        # Timed in PY itself (the first one warms up and is dropped).
+        done = subprocess.run([self.py, "-I", "-S", "-c", COMPILE_TIMER, SUPERVISOR,
+                               str(COMPILE_REPEATS + 1)], stdout=subprocess.PIPE, check=True)
+        times = [float(x) for x in done.stdout.split()][1:]
+        bench_py = self.py
         share = median(times) / diffs["P1"] if diffs["P1"] > 0 else float("nan")
         share_is = median(times) / diffs["P1-IS"] if diffs["P1-IS"] > 0 else float("nan")
         self.add_row("P1c", "compile supervisor.py (%d lines): share of the P1 diff" % lines,
@@ -957,14 +1458,16 @@ class Bench(object):
     # P2 ---------------------------------------------------------------------------------------
 
     def p2_exit(self):
-        progress("P2 command exit -> supervisor exit")
+        self.begin("P2 command exit -> supervisor exit")
         sup = [self.py, SUPERVISOR, "--timeout", "600", "--"]
         self._p2_row("P2", "exit -> exit: sup -- sleep 0.2 minus -- true minus 200 ms%s"
                      % self.contained(None),
                      sup, "diff <= 2 ms", 2.0)
         for name, prefix in reference_tools():
+            self.begin("P2-ref %s" % name, "P2")
             self._p2_row("P2-ref", "%s sleep 0.2 minus %s true minus 200 ms" % (name, name),
                          prefix, "reference", None)
+        self.begin("P2b exit -> exit, direct", "P2")
         self.p2_direct()
 
     def _p2_row(self, row, what, prefix, target, limit):
@@ -1017,7 +1520,7 @@ class Bench(object):
         everywhere, --memory-max and --pids-max where cgroup v2 has their
         controllers (in the guest: tests/guest/vmrun.sh 'python3
         scripts/bench.py --only P15')."""
-        progress("P15 limits")
+        self.begin("P15 limits")
         limits = ["--output", os.path.join(self.out, "p15.log"), "--max-output", "1M"]
         for more in (["--cpu-time", "600"], ["--memory-max", "1G", "--pids-max", "1000"]):
             probe = [self.py, SUPERVISOR, "--timeout", "60"] + limits + more + ["--", "true"]
@@ -1029,6 +1532,7 @@ class Bench(object):
                 ("P15s", ["--timeout", "0.3", "-k", "5", "--", "sh", "-c",
                           "sleep 100 & sleep 100"], 124)):
             plain = [self.py, SUPERVISOR] + tail
+            self.begin("%s with limits, over without" % row, "P15")
             limited_ms, plain_ms = self.wall_pairs(plain[:2] + limits + tail, plain, expect, expect)
             diff = median(limited_ms) - median(plain_ms)
             self.add_row(row, "%s with %s, over without%s" % (
@@ -1038,7 +1542,7 @@ class Bench(object):
             self.sweep(row)
 
     def p3_deadline(self):
-        progress("P3 deadline -> SIGTERM")
+        self.begin("P3 deadline -> SIGTERM")
         latencies, woke = [], []
         for i in range(self.pairs + 1):
             stamp = os.path.join(self.out, "p3-%d" % i)
@@ -1106,7 +1610,7 @@ class Bench(object):
         return latencies, exits
 
     def p4_stop_file(self):
-        progress("P4 stop file -> SIGTERM")
+        self.begin("P4 stop file -> SIGTERM")
         fstype = filesystem_of(self.stops)
         latencies, exits = self.stop_file_latencies(self.pairs, "P4")
         local = fstype not in ("nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "fuse", "afs") \
@@ -1180,7 +1684,7 @@ class Bench(object):
         return cpu[:count], cpu[count:], calls[:count], calls[count:]
 
     def p5_idle(self):
-        progress("P5 idle CPU (%d supervisors, %g s window)" % (self.idle_count, self.window))
+        self.begin("P5 idle CPU (%d supervisors, %g s window)" % (self.idle_count, self.window))
         sup, bare, sup_calls, bare_calls = self.idle_cpu(self.idle_count, "P5")
         self.add_row("P5", "idle CPU: -- sleep 60, deadline + stop file%s" % self.contained(None),
                      sup, "ms/min",
@@ -1278,7 +1782,7 @@ class Bench(object):
         for mode, row in (("obey", "P6"), ("ignore", "P7")):
             for n, limit in sorted(targets.items()):
                 count = self.pairs if n < 1000 else self.pairs_big
-                progress("%s forced stop N=%d (%s SIGTERM), %d pairs" % (row, n, mode, count))
+                self.begin("%s forced stop N=%d (%s SIGTERM), %d pairs" % (row, n, mode, count))
                 cpus, returns = [], []
 
                 def measured():
@@ -1314,7 +1818,7 @@ class Bench(object):
         for name, prefix in reference_tools():
             for n in sorted(targets):
                 count = self.pairs if n < 1000 else self.pairs_big
-                progress("P6-ref %s N=%d" % (name, n))
+                self.begin("P6-ref %s N=%d" % (name, n))
                 ref_ms, floor_ms = self.paired(lambda: self.drain_supervised(n, "obey", prefix)[0],
                                                lambda: self.drain_floor(n, "obey"), count)
                 self.add_row("P6-ref", "%s, %d obey SIGTERM: SIGTERM -> %s exit" % (name, n, name),
@@ -1383,7 +1887,7 @@ class Bench(object):
         self.start_busy_host()
         try:
             processes = sum(1 for name in os.listdir("/proc") if name.isdigit())
-            progress("P9 idle CPU with %d processes on the host" % processes)
+            self.begin("P9 idle CPU with %d processes on the host" % processes)
             count = max(10, self.idle_count * 2 // 3)
             sup, bare, sup_calls, _ = self.idle_cpu(count, "P9")
             quiet_cpu, quiet_calls = self.results["P5"]
@@ -1403,7 +1907,7 @@ class Bench(object):
                                 "bare_cpu_ms_per_min_median": median(bare),
                                 "host_processes": processes,
                                 "yardstick_note": "P5's supervisors on the quiet host, same run"})
-            progress("P9 drain CPU with %d processes, %d runs" % (processes, self.pairs_big))
+            self.begin("P9 drain CPU with %d processes, %d runs" % (processes, self.pairs_big))
             runs = [self.drain_supervised(1000, "obey", tag="P9b")
                     for _ in range(self.pairs_big + 1)][1:]
             cpus, walls = [r[1] for r in runs], [r[0] for r in runs]
@@ -1414,7 +1918,7 @@ class Bench(object):
                          diff=ratio, diff_text="ratio",
                          extra={"wall_ms": [round(w, 4) for w in walls], "wall_ms_median": median(walls),
                                 "host_processes": processes})
-            progress("P9c stop file latency with %d processes" % processes)
+            self.begin("P9c stop file latency with %d processes" % processes)
             latencies, _ = self.stop_file_latencies(max(5, self.pairs // 3), "P9c")
             self.add_row("P9c", "stop file -> SIGTERM with %d processes (info)%s"
                          % (processes, self.contained("P9c")),
@@ -1471,7 +1975,7 @@ class Bench(object):
 
     def p10_peak_rss(self):
         count = max(self.pairs_big, self.pairs * 2 // 3)
-        progress("P10 peak RSS, %d triples" % count)
+        self.begin("P10 peak RSS, %d triples" % count)
         triples = [self.peak_rss_triple() for _ in range(count + 1)][1:]
         mib = 1024.0
         bare = [t["bare"] / mib for t in triples]
@@ -1525,10 +2029,10 @@ class Bench(object):
 
     def p10_idle_rss(self):
         count = max(self.pairs_big, self.pairs // 2)
-        progress("P10c idle RSS, %d pairs" % count)
         # As a script the parse tree lives as long as the run: info only.
         for as_module, row, how, limit in ((False, "P10c", "PY supervisor.py", None),
                                            (True, "P10c-m", "PY -m supervisor", IDLE_RSS_LIMIT)):
+            self.begin("%s idle RSS, %s, %d pairs" % (row, how, count), "P10")
             self._p10_idle_rss_row(count, as_module, row, how, limit)
 
     def _p10_idle_rss_row(self, count, as_module, row, how, limit):
@@ -1561,7 +2065,7 @@ class Bench(object):
             kinds = ("children", "cgroup")
         else:
             self.note("P11: no cgroup rows: %s" % self.cgroup_why_not[False])
-        progress("P11 forced stop N=%d, quiet vs %d more processes: %d blocks of %d runs each "
+        self.begin("P11 forced stop N=%d, quiet vs %d more processes: %d blocks of %d runs each "
                  "of %s" % (CROWD_N, BUSY_HOST, 2 * rounds, per_block, ", ".join(kinds)))
         series = dict(((crowded, kind), {"ms": [], "cpu": []})
                       for crowded in (False, True) for kind in kinds)
@@ -1738,7 +2242,8 @@ class Bench(object):
             else:
                 variants.append((row, containment, loaded))
         where = "own PID namespace" if inside else "no PID namespace: " + self.ns_why_not
-        progress("P12 storm: %d variants x %d runs, interleaved (%s)" % (len(variants), count, where))
+        self.begin("P12 storm: %d variants x %d runs, interleaved (%s)"
+                   % (len(variants), count, where))
         runs = dict((v[0], []) for v in variants)
         for i in range(count):
             for row, containment, loaded in variants[i % len(variants):] + variants[:i % len(variants)]:
@@ -1935,7 +2440,7 @@ class Bench(object):
         else:
             self.note("P13-cgroup: skipped: %s" % self.cgroup_why_not[self.ns_prefix is not None])
         count = 1 if self.quick else 2
-        progress("P13 forced stop of %d in own sessions ignoring SIGTERM, --cleanup-timeout %g: "
+        self.begin("P13 forced stop of %d in own sessions ignoring SIGTERM, --cleanup-timeout %g: "
                  "%s, %d run(s) each (%s)" % (MANY_N, MANY_CLEANUP, ", ".join(modes), count,
                                              "own PID namespace" if self.ns_prefix
                                              else "no PID namespace: " + self.ns_why_not))
@@ -2001,8 +2506,12 @@ class Bench(object):
                 os.unlink(stop)
         size = os.path.getsize(receipt_path) if os.path.exists(receipt_path) else None
         receipt = self.check_receipt(receipt_path, context, tag="P14", stop_reason="stop_file",
-                                     exit_status=124, schema_version=4,
-                                     drained_count=ARGV_DRAINED)
+                                     exit_status=124, drained_count=ARGV_DRAINED)
+        schema = receipt.get("schema_version") if receipt else None
+        if receipt is not None and (not isinstance(schema, int) or schema < RECEIPT_SCHEMA_MIN
+                                    or schema != declared_schema()):
+            self.note("%s: receipt schema_version %r: supervisor.py declares %r (P14 needs %d "
+                      "or later)" % (context, schema, declared_schema(), RECEIPT_SCHEMA_MIN))
         if exit_code(status) != 124:
             self.note("%s: the supervisor exited %d, expected 124" % (context, exit_code(status)))
         self.sweep(context)
@@ -2015,7 +2524,7 @@ class Bench(object):
             self.note("P14: no sh on PATH; no receipt-size rows")
             return
         count = 2 if self.quick else 5
-        progress("P14 receipt of %d sh with %d x %d bytes of argv each, %d runs"
+        self.begin("P14 receipt of %d sh with %d x %d bytes of argv each, %d runs"
                  % (ARGV_N, ARGV_COUNT, ARGV_BYTES, count))
         runs = [self.argv_run(i, sh) for i in range(count + 1)][1:]  # one warm-up
         receipts = [r[0] for r in runs if r[0] is not None]
@@ -2038,7 +2547,7 @@ class Bench(object):
         listed = [len(rc.get("drained") or []) for rc in receipts]
         entries = [e for rc in receipts for key in ("drained", "survivors", "preserved",
                                                     "unattributed") for e in rc.get(key) or []]
-        # Schema 4: names, never argv; no `omitted`, no `command_truncated`.
+        # Since schema 4: names, never argv; no `omitted`, no `command_truncated`.
         stale = sorted(set(k for e in entries for k in e if k in ("command", "command_truncated"))
                        | set(k for rc in receipts for k in rc if k in ("omitted",)))
         if stale:
@@ -2049,9 +2558,11 @@ class Bench(object):
                  "argv_bytes_each": ARGV_COUNT * ARGV_BYTES,
                  "command": "PY -I -S argv.py %d %d %d %s" % (ARGV_N, ARGV_COUNT, ARGV_BYTES, sh)}
         worst = max(sizes) if whole and len(sizes) == count else float("nan")
-        self.add_row("P14-size", "receipt of %d processes, %d sh with %d KB argv each%s: size"
-                     % (ARGV_DRAINED, ARGV_N, ARGV_COUNT * ARGV_BYTES // 1000,
-                        self.contained("P14")), sizes or [float("nan")], "KiB",
+        schemas = sorted(set(str(rc.get("schema_version")) for rc in receipts))
+        self.add_row("P14-size", "receipt (schema %s) of %d processes, %d sh with %d KB argv "
+                     "each%s: size" % ("/".join(schemas), ARGV_DRAINED, ARGV_N,
+                                       ARGV_COUNT * ARGV_BYTES // 1000, self.contained("P14")),
+                     sizes or [float("nan")], "KiB",
                      "max <= %g KiB" % RECEIPT_SIZE_LIMIT_KIB, worst, RECEIPT_SIZE_LIMIT_KIB,
                      extra=extra)
         passed = whole and all(c == ARGV_DRAINED for c in counts) \
@@ -2061,6 +2572,316 @@ class Bench(object):
                      [float(c) for c in counts if c is not None] or [float("nan")], "processes",
                      "%d counted, %d listed" % (ARGV_DRAINED, RECEIPT_LIST_LIMIT), None,
                      passed=passed, extra={"drained_counts": counts, "drained_listed": listed})
+
+    # P16 --------------------------------------------------------------------------------------
+
+    def p16_deadline_stops(self):
+        """P16: a stop at the deadline of STOP_N processes obeying SIGTERM,
+        from the deadline to the exit (the receipt on disk, confirmed), ours
+        beside NeMo Gym's and GNU timeout's, in rounds whose order rotates;
+        for each tree shape (STOP_SHAPES)."""
+        if self.nemo is None:
+            self.note("P16: no --nemo PATH: no deadline stops beside NeMo Gym's")
+            return
+        if tuple(self.python_check["version_info"][:2]) < NEMO_MIN_PYTHON:
+            self.note("P16: NeMo Gym's script needs Python %d.%d or later" % NEMO_MIN_PYTHON)
+            return
+        nemo = self.copy_as("p16-nemo", self.nemo)
+        tools = dict(reference_tools())
+        timeout = tools["timeout"][0] if "timeout" in tools else None
+        who = ["ours", "nemo"] + (["timeout"] if timeout else [])
+        count = self.pairs_big
+        for shape, sessions in STOP_SHAPES:
+            self.begin("P16-%s a deadline stop of %d processes (%d in sessions of their own), "
+                       "%d rounds of %s" % (shape, STOP_N, sessions, count, ", ".join(who)), "P16")
+            runs, offsets = dict((w, []) for w in who), []
+            for i in range(count + 1):
+                offsets.append(self.exec_offset())
+                for w in who[i % len(who):] + who[:i % len(who)]:
+                    run = self.deadline_stop(w, sessions, nemo, timeout)
+                    if i:  # the first round warms up
+                        runs[w].append(run)
+            self.p16_rows(shape, sessions, runs, median(offsets[1:] or offsets))
+
+    def exec_offset(self):
+        """Seconds from posix_spawn's return (the helper's exec) to the tree
+        helper's first statement, as it stamps it: P16 dates a run's exec,
+        and so NeMo Gym's and timeout's deadlines, by the stamp minus this."""
+        read_end, write_end = os.pipe()
+        try:
+            pid = self.spawn([self.py, "-I", "-S", self.tree, "1", "obey"], stdout=write_end)
+            spawned = time.monotonic()
+            os.close(write_end)
+            write_end = None
+            line = read_ready(read_end, "P16 calibration")
+        finally:
+            os.close(read_end)
+            if write_end is not None:
+                os.close(write_end)
+        os.kill(pid, signal.SIGTERM)  # our unreaped child
+        os.waitpid(pid, 0)
+        return float(line.split()[2]) - spawned
+
+    def deadline_stop(self, who, sessions, nemo, timeout):
+        """One P16 run: `ours` (supervisor.py as a script, with a receipt),
+        `nemo` (NeMo Gym's script) or `timeout` (GNU timeout) running the
+        tree helper with --timeout STOP_TIMEOUT. A dict: the helper's stamp
+        and when the bench read its ready line (monotonic), when the bench
+        saw the exit (monotonic and wall), ours' deadline by its receipt
+        (wall), the CPU from the ready line to the exit (ms), whether the
+        receipt was on disk and confirmed at the exit, the exit status."""
+        command = [self.py, "-I", "-S", self.tree, str(STOP_N), "obey", str(sessions)]
+        seconds = "%g" % STOP_TIMEOUT
+        receipt_path = None
+        if who == "ours":
+            argv, receipt_path = self.supervisor(["--timeout", seconds], command)
+        elif who == "nemo":
+            self.run_id += 1
+            receipt_path = os.path.join(self.receipts, "nemo-%d.json" % self.run_id)
+            argv = [self.py, "-I", nemo, "--timeout", seconds, "--receipt", receipt_path,
+                    "--"] + command
+        else:
+            argv = [timeout, seconds] + command
+        read_end, write_end = os.pipe()
+        try:
+            pid = self.spawn(argv, stdout=write_end)
+            os.close(write_end)
+            write_end = None
+            line = read_ready(read_end, "P16 tree helper (%s)" % who)
+            ready = time.monotonic()
+            cpu0 = schedstat_ns(pid)
+            wait_exited(pid)
+            ended, ended_wall = time.monotonic(), time.time()
+            cpu = (schedstat_ns(pid) - cpu0) / 1e6
+            on_disk = receipt_path is not None and os.path.exists(receipt_path)
+            _, status = os.waitpid(pid, 0)
+        finally:
+            os.close(read_end)
+            if write_end is not None:
+                os.close(write_end)
+        run = {"stamp": float(line.split()[2]), "ready": ready, "ended": ended,
+               "ended_wall": ended_wall, "cpu_ms": cpu, "exit": exit_code(status),
+               "deadline_wall": None, "confirmed": None, "on_disk": on_disk, "ladder": None}
+        context = "P16 %s (%d in sessions)" % (who, sessions)
+        if who == "ours":
+            receipt = self.check_receipt(receipt_path, context, tag="P16", stop_reason="timeout",
+                                         exit_status=124)
+            if receipt is not None:
+                run["deadline_wall"] = parse_utc(receipt["started_at"]) + STOP_TIMEOUT
+                run["confirmed"] = receipt.get("cleanup_confirmed")
+                run["ladder"] = dict((step["step"], step["duration_s"])
+                                     for step in receipt.get("ladder") or [])
+            expected = 124
+        elif who == "nemo":
+            try:
+                with open(receipt_path) as f:
+                    receipt = json.load(f)
+                os.unlink(receipt_path)
+            except (OSError, ValueError) as e:
+                receipt = {}
+                self.note("%s: no readable receipt (%s)" % (context, e))
+            run["confirmed"] = receipt.get("cleanup_confirmed")
+            if receipt and (receipt.get("cleanup_confirmed") is not True
+                            or receipt.get("timed_out") is not True):
+                self.note("%s: receipt %r" % (context, receipt))
+            expected = 0
+        else:
+            expected = 124
+        if run["exit"] != expected:
+            self.note("%s exited %d, expected %d" % (context, run["exit"], expected))
+        # timeout does not drain: what it left (the sessions) is ours now, killed at once.
+        self.sweep(context, expected=who == "timeout", grace=0.0 if who == "timeout" else 2.0)
+        return run
+
+    def p16_rows(self, shape, sessions, runs, offset):
+        """P16-SHAPE: ours over NeMo Gym's, deadline -> exit; P16-ref-SHAPE:
+        GNU timeout's; P16c-SHAPE (info): the CPU from the ready line to the
+        exit. NeMo Gym's and timeout's deadline: the helper's stamp - offset
+        + STOP_TIMEOUT; ours: its receipt's started_at + STOP_TIMEOUT (the
+        same by the stamp in the JSON). A run whose tree was not ready by the
+        deadline is left out, with a note."""
+        ms = {}
+        for w, rs in runs.items():
+            kept = []
+            for r in rs:
+                deadline = r["stamp"] - offset + STOP_TIMEOUT
+                if r["ready"] > deadline:
+                    self.note("P16-%s %s: a tree not ready by the deadline (%.0f ms late): "
+                              "left out" % (shape, w, (r["ready"] - deadline) * 1000))
+                    continue
+                if w == "ours" and r["deadline_wall"] is not None:
+                    r["ms"] = (r["ended_wall"] - r["deadline_wall"]) * 1000
+                else:
+                    r["ms"] = (r["ended"] - deadline) * 1000
+                r["ms_by_stamp"] = (r["ended"] - deadline) * 1000
+                kept.append(r)
+            ms[w] = kept
+        ours, nemo = [r["ms"] for r in ms["ours"]], [r["ms"] for r in ms["nemo"]]
+        confirmed = dict((w, sum(1 for r in ms[w] if r["confirmed"] is True and r["on_disk"]))
+                         for w in ("ours", "nemo"))
+        timeout_ms = [r["ms"] for r in ms.get("timeout", [])]
+        ratio = median(ours) / median(nemo) if ours and nemo else float("nan")
+        steps = {}
+        for r in ms["ours"]:
+            for k, v in (r["ladder"] or {}).items():
+                steps.setdefault(k, []).append(v * 1000)
+        what = "%d processes obeying SIGTERM%s" % (
+            STOP_N, ", %d of them in sessions of their own" % sessions if sessions
+            else ", all in the command's group")
+        passed = (ratio <= STOP_LIMIT and confirmed["ours"] == len(ours) and len(ours) > 0
+                  and confirmed["nemo"] == len(nemo))
+        self.add_row("P16-" + shape, "deadline -> exit, receipt on disk: %s, ours over NeMo "
+                     "Gym's%s" % (what, self.contained("P16")), ours or [float("nan")], "ms",
+                     "ratio <= %g, all confirmed" % STOP_LIMIT, ratio, STOP_LIMIT,
+                     yard=nemo or None, diff=ratio, diff_text="ratio", passed=passed,
+                     extra={"timeout_ms": [round(x, 3) for x in timeout_ms],
+                            "timeout_ms_median": median(timeout_ms),
+                            "confirmed_on_disk": confirmed,
+                            "ours_ms_by_stamp": [round(r["ms_by_stamp"], 3) for r in ms["ours"]],
+                            "exec_offset_ms": offset * 1000,
+                            "ours_ladder_ms_medians": dict((k, median(v))
+                                                           for k, v in steps.items()),
+                            "timeout_s": STOP_TIMEOUT, "sessions": sessions,
+                            "yardstick_note": "NeMo Gym's, same rounds; its deadline dated by "
+                                              "the command's stamp"})
+        if timeout_ms:
+            self.add_row("P16-ref-" + shape, "GNU timeout, the same stop: deadline -> its exit "
+                         "(no drain: it exits with its child), over NeMo Gym's", timeout_ms, "ms",
+                         "reference", None, yard=nemo or None,
+                         diff=median(timeout_ms) / median(nemo) if nemo else None,
+                         diff_text="ratio")
+        cpu = dict((w, [r["cpu_ms"] for r in ms[w]]) for w in ms)
+        self.add_row("P16c-" + shape, "CPU from the tree's ready line to the exit, ours over "
+                     "NeMo Gym's (%s)" % shape, cpu["ours"] or [float("nan")], "ms CPU", "info",
+                     None, yard=cpu["nemo"] or None,
+                     diff=median(cpu["ours"]) / median(cpu["nemo"]) if cpu["nemo"] else None,
+                     diff_text="ratio",
+                     extra={"timeout_cpu_ms_median": median(cpu.get("timeout", []))})
+
+    # P17 --------------------------------------------------------------------------------------
+
+    def p17_output(self):
+        """P17a: --output with --max-output, 1 GiB as fast as a writer can,
+        the supervisor's CPU beside cat's; P17b: a trickle, the supervisor's
+        CPU beside the command's own."""
+        dd, cat, sh = shutil.which("dd"), shutil.which("cat"), shutil.which("sh")
+        if not (dd and cat and sh):
+            self.note("P17: dd, cat and sh are needed on PATH: no output rows")
+            return
+        trickle = self._write("trickle.py", TRICKLE_HELPER)
+        wait = [sh, "-c", 'sleep %g; exec "$@"' % OUTPUT_DELAY, "sh"]
+        writer = wait + [dd, "if=/dev/zero", "bs=1M", "count=%d" % (OUTPUT_BYTES >> 20),
+                         "status=none"]
+        count = self.pairs_big
+        self.begin("P17a --output F --max-output %s, %d MiB written as fast as dd can, beside "
+                   "cat, %d pairs" % (OUTPUT_CAP, OUTPUT_BYTES >> 20, count), "P17")
+        sup, cats = self.paired(lambda: self.output_supervised(writer, OUTPUT_BYTES, "P17a"),
+                                lambda: self.output_cat(writer, OUTPUT_BYTES), count)
+        ours = [x["cpu_ms"] for x in sup]
+        ratio = median(ours) / median(cats)
+        self.add_row("P17a", "--output F --max-output %s, `dd bs=1M` of %d MiB: the supervisor's "
+                     "CPU from its command's start to its exit, over cat's copying the same pipe "
+                     "(%d KiB) to a file beside F%s" % (OUTPUT_CAP, OUTPUT_BYTES >> 20,
+                                                        OUTPUT_PIPE >> 10, self.contained("P17")),
+                     ours, "ms CPU", "ratio <= %g" % OUTPUT_LIMIT, ratio, OUTPUT_LIMIT, yard=cats,
+                     diff=ratio, diff_text="ratio",
+                     extra={"whole_run_cpu_ms_median": median([x["whole_ms"] for x in sup]),
+                            "stat_ticks_cpu_ms_median": median([x["ticks_ms"] for x in sup]),
+                            "filesystem": filesystem_of(self.out),
+                            "yardstick_note": "cat's user+sys (wait4), `writer | cat > file`"})
+        runs = 1 if self.quick else 3
+        self.begin("P17b --output F --max-output %s, one byte every %g us for %g s, %d runs "
+                   "beside cat" % (OUTPUT_CAP, TRICKLE_PERIOD * 1e6, TRICKLE_SECONDS, runs), "P17")
+        sup, own, cats, written = [], [], [], []
+        for i in range(runs):
+            for kind in (("sup", "cat") if i % 2 == 0 else ("cat", "sup")):
+                stamp = os.path.join(self.out, "p17b-%s-%d" % (kind, i))
+                command = wait + [self.py, "-I", "-S", trickle, "%g" % TRICKLE_SECONDS,
+                                  "%g" % TRICKLE_PERIOD, stamp]
+                if kind == "sup":
+                    sup.append(self.output_supervised(command, None, "P17b")["cpu_ms"])
+                else:
+                    cats.append(self.output_cat(command, None))
+                text = read_text(stamp)
+                if text is None:
+                    raise BenchError("P17b: the trickle wrote no stamp")
+                os.unlink(stamp)
+                n, cpu, wall = text.split()
+                if kind == "sup":
+                    own.append(float(cpu) * 1000)
+                    written.append(int(n))
+        ratio = median(sup) / median(own)
+        self.add_row("P17b", "--output F --max-output %s, a command writing 1 byte every %g us "
+                     "for %g s: the supervisor's CPU over the command's own%s" % (
+                         OUTPUT_CAP, TRICKLE_PERIOD * 1e6, TRICKLE_SECONDS,
+                         self.contained("P17")), sup, "ms CPU", "ratio <= 1", ratio, 1.0,
+                     yard=own, diff=ratio, diff_text="ratio",
+                     extra={"bytes_written": written, "cat_cpu_ms": [round(c, 3) for c in cats],
+                            "cat_cpu_ms_median": median(cats),
+                            "supervisor_us_per_byte": median(sup) * 1000 / median(written),
+                            "cat_us_per_byte": median(cats) * 1000 / median(written),
+                            "yardstick_note": "the command's time.process_time() at its end "
+                                              "(a Python loop: write, sleep)"})
+
+    def output_supervised(self, command, size, context):
+        """One supervised run of command with --output F --max-output
+        OUTPUT_CAP: the supervisor's CPU (its schedstat) from when its
+        command runs (OUTPUT_DELAY before the first byte) to its exit, its
+        whole run's, and /proc/PID/stat's utime+stime over the first (ms);
+        the receipt's output is checked (size bytes seen, if given)."""
+        out = os.path.join(self.out, "p17-sup.log")
+        argv, receipt_path = self.supervisor(
+            ["--timeout", "600", "--output", out, "--max-output", OUTPUT_CAP], command)
+        pid = self.spawn(argv)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not (read_text("/proc/%d/task/%d/children" % (pid, pid)) or "").split():
+            if has_exited(pid) or time.monotonic() > deadline:
+                raise BenchError("%s: the supervisor did not start its command" % context)
+            time.sleep(0.001)
+        time.sleep(OUTPUT_DELAY / 4)  # its own start-up done, the writer still waiting
+        cpu0, ticks0 = schedstat_ns(pid), stat_cpu_ticks(pid)
+        wait_exited(pid)
+        cpu1, ticks1 = schedstat_ns(pid), stat_cpu_ticks(pid)
+        os.waitpid(pid, 0)
+        receipt = self.check_receipt(receipt_path, context, tag="P17", exit_status=0)
+        output = (receipt or {}).get("output") or {}
+        if size is not None and output.get("bytes_seen") != size:
+            self.note("%s: the receipt's output saw %r bytes, expected %d"
+                      % (context, output.get("bytes_seen"), size))
+        if os.path.getsize(out) > OUTPUT_PIPE:
+            self.note("%s: --output grew to %d bytes" % (context, os.path.getsize(out)))
+        os.unlink(out)
+        self.sweep(context)
+        tick = 1000.0 / os.sysconf("SC_CLK_TCK")
+        return {"cpu_ms": (cpu1 - cpu0) / 1e6, "whole_ms": cpu1 / 1e6,
+                "ticks_ms": (ticks1 - ticks0) * tick}
+
+    def output_cat(self, command, size):
+        """The yardstick: `command | cat > file` in the same directory, the
+        pipe as large as the supervisor's; cat's user+sys (wait4), in ms."""
+        out = os.path.join(self.out, "p17-cat.log")
+        read_end, write_end = os.pipe()
+        try:
+            try:
+                import fcntl
+                fcntl.fcntl(write_end, F_SETPIPE_SZ, OUTPUT_PIPE)
+            except OSError as e:
+                self.note("P17: cat's pipe keeps its default size (F_SETPIPE_SZ: %s)" % e.strerror)
+            fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                cat = self.spawn([shutil.which("cat")], stdin=read_end, stdout=fd)
+                writer = self.spawn(command, stdout=write_end)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+        _, _, usage = os.wait4(cat, 0)
+        os.waitpid(writer, 0)
+        if size is not None and os.path.getsize(out) != size:
+            self.note("P17: cat copied %d bytes, expected %d" % (os.path.getsize(out), size))
+        os.unlink(out)
+        return (usage.ru_utime + usage.ru_stime) * 1000
 
     # COV --------------------------------------------------------------------------------------
 
@@ -2077,7 +2898,7 @@ class Bench(object):
         # coverage 7.x keeps a .pth in site-packages that starts it from the
         # environment; only where none does (an old version) is ours added.
         pths = [] if self.coverage_starts(env) else [write_pth(site)]
-        progress("COV the test suite under coverage %s (%s), a few minutes" % (
+        self.begin("COV the test suite under coverage %s (%s), a few minutes" % (
             ".".join(map(str, version[:3])),
             "patch = " + COVERAGE_PATCHES if patched else "COVERAGE_PROCESS_START and a .pth"))
         before = file_digest(SUPERVISOR_REAL)
@@ -2247,11 +3068,13 @@ class Bench(object):
         (P9) last; P11 comes and goes between the two. COV, which runs the
         whole test suite, only when asked (coverage, or COV in only)."""
         self.check_platform()
+        self.set_section("probe")
         self.probe_containments()
         steps = (("P0", self.p0_lean_core), ("P1", self.p1_startup), ("P2", self.p2_exit),
                  ("P3", self.p3_deadline), ("P4", self.p4_stop_file), ("P5", self.p5_idle),
                  ("P6", self.p6_p7_drains), ("P10", self.p10_peak_rss),
                  ("P14", self.p14_receipt_size), ("P15", self.p15_limits),
+                 ("P16", self.p16_deadline_stops), ("P17", self.p17_output),
                  ("P12", self.p12_storm),
                  ("P13", self.p13_many_sessions), ("P11", self.p11_crowded_host),
                  ("P9", self.p9_busy_host), ("COV", self.cov_suite))
@@ -2259,26 +3082,41 @@ class Bench(object):
             if (name == "COV" and coverage) or (
                     name in only if only is not None else name != "COV"):
                 step()
-        self.read_stderr_log()
 
     def read_stderr_log(self):
-        text = read_text(self.stderr_log) or ""
-        lines = [line for line in text.splitlines() if line.strip()]
-        if lines:
-            self.note("stderr of the runs (%d lines), first: %s" % (len(lines), " | ".join(lines[:3])))
-        # A traceback's last line says what it was: the distinct ones, counted.
-        errors = {}
-        for k, line in enumerate(lines):
-            if line.startswith("Traceback"):
-                end = next((j for j in range(k + 1, len(lines)) if not lines[j].startswith(" ")),
-                           None)
-                if end is not None:
-                    errors[lines[end]] = errors.get(lines[end], 0) + 1
-        for error, times in sorted(errors.items()):
-            self.note("stderr of the runs: %d traceback(s) ending %s" % (times, error))
+        """The runs' stderr, section by section: a note with its first lines,
+        and the tracebacks counted by their last line and the file of their
+        last frame (and why, where the cause is known)."""
+        for section, path in self.stderr_logs:
+            lines = [line for line in (read_text(path) or "").splitlines() if line.strip()]
+            if not lines:
+                continue
+            known = [why for (where, start), why in sorted(KNOWN_STDERR.items())
+                     if where == section and any(x.startswith(start) for x in lines)]
+            self.note("stderr of the runs, %s (%d lines), first: %s%s" % (
+                section, len(lines), " | ".join(lines[:3]), "".join(sorted(set(known)))))
+            errors = {}
+            for k, line in enumerate(lines):
+                if not line.startswith("Traceback"):
+                    continue
+                # Its end: the exception's line (other runs' lines may come between).
+                ends = [j for j in range(k + 1, len(lines)) if not lines[j].startswith(" ")]
+                end = next((j for j in ends if EXCEPTION_LINE.match(lines[j])), ends[0] if ends
+                           else None)
+                if end is None:
+                    continue
+                frames = [x.split('"')[1] for x in lines[k + 1:end]
+                          if x.startswith('  File "') and x.count('"') >= 2]
+                key = (lines[end], os.path.basename(frames[-1]) if frames else "?")
+                errors[key] = errors.get(key, 0) + 1
+            for (error, where), times in sorted(errors.items()):
+                self.note("stderr of the runs, %s: %d traceback(s) ending %s, raised in %s%s" % (
+                    section, times, error, where, KNOWN_TRACEBACKS.get((error.split(":")[0], where),
+                                                                     "")))
 
     def cleanup(self):
-        """Kill and reap all we started, remove the temporary directory."""
+        """Kill and reap all we started, read the runs' stderr (also after a
+        failure: it may say why), remove the temporary directory."""
         try:
             self.stop_loops()
             self.stop_busy_host()
@@ -2291,6 +3129,7 @@ class Bench(object):
                         pass
                 self.sweep("cleanup", expected=True, grace=3.0)
             finally:
+                self.read_stderr_log()
                 for fd in (self.devnull, self.stderr_fd):
                     os.close(fd)
                 shutil.rmtree(self.tmp, ignore_errors=True)
@@ -2321,6 +3160,21 @@ def code_lines(path):
             code.update(line for line in range(token.start[0], token.end[0] + 1)
                         if line not in docs)
     return len(code)
+
+
+def declared_version():
+    """supervisor.py's __version__, read from the copy the rows run."""
+    with open(SUPERVISOR) as f:
+        found = re.search(r'^__version__ = "([^"]+)"$', f.read(), re.M)
+    return found.group(1) if found else None
+
+
+def declared_schema():
+    """supervisor.py's RECEIPT_SCHEMA_VERSION, read from the file (None if
+    it names none)."""
+    with open(SUPERVISOR) as f:
+        found = re.search(r"^RECEIPT_SCHEMA_VERSION = (\d+)$", f.read(), re.M)
+    return int(found.group(1)) if found else None
 
 
 def file_digest(path):
@@ -2456,7 +3310,7 @@ def fmt(value, digits=2):
 
 def table(rows):
     header = ["row", "what", "N", "median", "min", "max", "yardstick", "diff/ratio", "unit",
-              "target", "result"]
+              "target", "result", "load1"]
     lines = [header]
     for r in rows:
         if r["diff_text"] == "ratio":
@@ -2467,9 +3321,12 @@ def table(rows):
             diff = "-"
         else:
             diff = "%+.2f" % r["diff"]
+        load = r.get("load") or {}
         lines.append([r["row"], r["what"], str(r["n"]), fmt(r["median"]), fmt(r["min"]),
                       fmt(r["max"]), fmt(r["yardstick_median"]), diff, r["unit"],
-                      r["target"], r["result"]])
+                      r["target"], r["result"],
+                      "%s-%s r%s" % (fmt(load.get("load1_min")), fmt(load.get("load1_max")),
+                                      fmt(load.get("runnable_median"), 0))])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     right = set([2, 3, 4, 5, 6, 7])
     out = []
@@ -2482,30 +3339,36 @@ def table(rows):
     return "\n".join(out)
 
 
-def machine_info(py):
-    version = subprocess.run([py, "-c", "import sys; print(sys.version.split()[0])"],
-                             stdout=subprocess.PIPE).stdout.decode().strip()
+def machine_info(py, check, how):
     uname = os.uname()
     return {
         "kernel": "%s %s %s" % (uname.sysname, uname.release, uname.machine),
+        "uname_r": uname.release,
         "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "python": py, "python_version": version,
+        "cpus_usable": len(os.sched_getaffinity(0)),  # what nproc says
+        "python": py, "python_version": check["version"], "python_how": how,
+        "python_binary": os.path.realpath(py), "python_prefix": check["prefix"],
+        "python_base_prefix": check["base_prefix"], "python_site_dirs": check["site_dirs"],
+        "python_pth": check["pth"],
         "bench_python_version": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host_processes": sum(1 for name in os.listdir("/proc") if name.isdigit()),
-        "loadavg": os.getloadavg(),
+        "loadavg_start": os.getloadavg(),
         "tmp_filesystem": filesystem_of(tempfile.gettempdir()),
-        "supervisor": SUPERVISOR,
+        "supervisor": PROJECT_SUPERVISOR, "supervisor_copy": SUPERVISOR,
         "python_environment": dict((k, v) for k, v in os.environ.items() if k.startswith("PYTHON")),
     }
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description="Measure supervisor.py against P0-P14 "
+    parser = argparse.ArgumentParser(description="Measure supervisor.py against P0-P17 "
                                      "(and, when asked, the test suite's coverage of it: COV).")
-    parser.add_argument("--python", help="the interpreter binary to run everything with "
-                        "(default: this one, resolved; pyenv shims are refused)")
+    parser.add_argument("--python", help="the interpreter to run everything with; its site "
+                        "must load no .pth (default: the first such of /usr/bin/python3, "
+                        "/usr/local/bin/python3 and this one, else a venv of one of them "
+                        "without site-packages, made for the run; pyenv shims are refused)")
+    parser.add_argument("--pyz", metavar="PATH", help="treereap.pyz for P0 (it must hold this "
+                        "supervisor.py; default: built by scripts/build_pyz.py for the run)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument("--pairs", type=int, default=None, help="pairs per row (default 30)")
     parser.add_argument("--pairs-big", type=int, default=None,
@@ -2513,9 +3376,10 @@ def parse_args(argv):
                         "(default: min(pairs, 12))")
     parser.add_argument("--quick", action="store_true", help="~10 pairs, for development")
     parser.add_argument("--nemo", metavar="PATH", help="NeMo Gym's process_supervisor.py (at "
-                        "978ad55), fetched into a temporary folder: P0's baseline")
+                        "978ad55), fetched into a temporary folder: P0's and P16's baseline")
     parser.add_argument("--only", help="development: comma-separated groups to run "
-                        "(P0,P1,P2,P3,P4,P5,P6 (P6-P8),P10,P14,P12,P13,P11,P9,COV); P9 needs "
+                        "(P0,P1,P2,P3,P4,P5,P6 (P6-P8),P10,P14,P15,P16,P17,P12,P13,P11,P9,"
+                        "COV); P9 needs "
                         "P4,P5,P6 for its ratios")
     parser.add_argument("--coverage", action="store_true", help="also run COV: the test "
                         "suite under coverage.py (in .venv), supervisor.py's statements it runs")
@@ -2531,22 +3395,42 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        py = resolve_python(args.python or sys.executable)
-    except BenchError as e:
-        sys.stderr.write("bench.py: %s\n" % e)
-        return 2
     if not sys.platform.startswith("linux"):
         sys.stderr.write("bench.py: Linux only\n")
         return 2
+    scratch = tempfile.mkdtemp(prefix="supervisor-bench-python-")
+    try:
+        return measure(args, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def measure(args, scratch):
+    """Choose the interpreter, take the copy of supervisor.py every row runs,
+    run the bench, print (and write) the results."""
+    global SUPERVISOR
+    SUPERVISOR = os.path.join(scratch, "src", "supervisor.py")
+    os.mkdir(os.path.dirname(SUPERVISOR))
+    shutil.copyfile(PROJECT_SUPERVISOR, SUPERVISOR)
+    commit_at_start = git_describe(SUPERVISOR_REAL)
+    try:
+        py, check, how = choose_python(args.python, scratch)
+        for name in ("nemo", "pyz"):
+            if getattr(args, name) and not os.path.isfile(getattr(args, name)):
+                raise BenchError("--%s %s: no such file" % (name, getattr(args, name)))
+    except BenchError as e:
+        sys.stderr.write("bench.py: %s\n" % e)
+        return 2
+    progress("interpreter: %s (Python %s), %s" % (py, check["version"], how))
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupted)
 
-    info = machine_info(py)
-    bench = Bench(py, args.pairs, args.pairs_big, args.quick, args.nemo)
+    info = machine_info(py, check, how)
+    bench = Bench(py, args.pairs, args.pairs_big, args.quick, args.nemo, args.pyz, scratch)
+    bench.python_check = check
     error, status = None, 0
     gc.disable()  # no collector pauses inside the bench's own timings
     try:
@@ -2558,10 +3442,27 @@ def main(argv=None):
     finally:
         bench.cleanup()
     wall = time.monotonic() - START
-    print("supervisor.py benchmark: %s, Python %s, %s, %d CPUs, %d processes on the host"
-          % (py, info["python_version"], info["kernel"], info["cpu_count"], info["host_processes"]))
-    print("pairs %d (N=1000 rows: %d); times in ms unless the unit says otherwise\n"
-          % (args.pairs, args.pairs_big))
+    info["loadavg_end"] = os.getloadavg()
+    info["pyz_build"] = getattr(bench, "pyz_build", None)
+    info["supervisor_commit"] = commit_at_start
+    info["supervisor_sha256"] = file_digest(SUPERVISOR)
+    info["supervisor_code_lines"] = code_lines(SUPERVISOR)
+    info["supervisor_version"] = declared_version()
+    if file_digest(PROJECT_SUPERVISOR) != info["supervisor_sha256"]:
+        bench.note("supervisor.py changed during the run (now %s): every row ran the copy taken "
+                   "at the start (%s, sha256 %s...)" % (git_describe(SUPERVISOR_REAL),
+                                                        commit_at_start,
+                                                        info["supervisor_sha256"][:12]))
+    print("supervisor.py %s (%s) benchmark: %s, %d CPUs (nproc %d), %d processes on the host, "
+          "load %s at the start, %s at the end"
+          % (info["supervisor_version"], info["supervisor_commit"], info["kernel"],
+             info["cpu_count"], info["cpus_usable"],
+             info["host_processes"], " ".join("%.2f" % x for x in info["loadavg_start"]),
+             " ".join("%.2f" % x for x in info["loadavg_end"])))
+    print("interpreter: %s, Python %s, %s" % (py, check["version"], how))
+    print("pairs %d (N=1000 rows: %d); times in ms unless the unit says otherwise; load1: the "
+          "1-minute load average while the row ran (min-max), rN: the median number of runnable "
+          "tasks then (the bench's own included)\n" % (args.pairs, args.pairs_big))
     if bench.rows:
         print(table(bench.rows))
     for text in bench.notes:
