@@ -69,6 +69,10 @@ if sys.version_info < (3, 6):  # one line, not the traceback of the import below
 # The C module behind `signal` (every CPython 3.6 to 3.13 has it): the same
 # calls, without the enum wrappers whose import costs ~3 ms on every run.
 import _signal as signal
+# json's C escaper without json (its re and enum cost ~3.4 ms), loaded now:
+# at the receipt's writing the descriptors may have run out (dlopen needs one).
+# test_trust.py::test_a_look_that_fails_is_never_an_empty_one
+from _json import encode_basestring_ascii as _quoted
 
 __version__ = "3.2.0"
 __all__ = [
@@ -4409,21 +4413,17 @@ class _ReceiptTarget(_HoldsFd):
             self.missing.pop(0)
 
 
-def _json(value, indent="\n", quoted=None):
+def _json(value, indent="\n"):
     """json.dumps(value, indent=2), the same text, for the receipt's types
-    (str, int, finite float, bool, None, list, dict), without importing
-    json: its re and enum cost ~3.4 ms at every run. Strings go through
-    json's own C escaper."""
-    if quoted is None:
-        from _json import encode_basestring_ascii as quoted
+    (str, int, finite float, bool, None, list, dict), without importing json."""
     if isinstance(value, str):
-        return quoted(value)
+        return _quoted(value)
     if not isinstance(value, (dict, list, tuple)):
         return "null" if value is None else "true" if value is True else "false" if (
             value is False) else repr(value)
     inner, ends = indent + "  ", "{}" if isinstance(value, dict) else "[]"
-    items = [quoted(k) + ": " + _json(v, inner, quoted) for k, v in value.items()] if (
-        ends == "{}") else [_json(v, inner, quoted) for v in value]
+    items = [_quoted(k) + ": " + _json(v, inner) for k, v in value.items()] if (
+        ends == "{}") else [_json(v, inner) for v in value]
     return ends[0] + inner + ("," + inner).join(items) + indent + ends[1] if items else ends
 
 
