@@ -29,6 +29,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -632,14 +633,18 @@ def podman_setup(top):
     with open(conf, "w") as f:
         f.write('[containers]\nnetns = "none"\nvolumes = [%s]\n[engine]\ncgroup_manager = '
                 '"cgroupfs"\nevents_logger = "file"\n' % ", ".join('"%s"' % v for v in volumes))
+    # The runroot on a short path: Podman's exit command refuses one over 50
+    # characters ("the specified runroot is longer than 50 characters"), and
+    # `podman run` then waits 20 s for an exit code that never comes.
+    runroot = tempfile.mkdtemp(prefix="podman-")
     with open(storage, "w") as f:
-        f.write('[storage]\ndriver = "vfs"\ngraphroot = "%s/graph"\nrunroot = "%s/run"\n'
-                % (top, top))
+        f.write('[storage]\ndriver = "vfs"\ngraphroot = "%s/graph"\nrunroot = "%s"\n'
+                % (top, runroot))
     os.makedirs(os.path.join(top, "pyenv"))  # none: build_pyz.py takes python3.X on PATH
     env = dict(os.environ, CONTAINERS_CONF=conf, CONTAINERS_STORAGE_CONF=storage,
                PYENV_ROOT=os.path.join(top, "pyenv"),
                PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    return work, env
+    return work, env, runroot
 
 
 def test_the_container_recipe_runs_as_written_with_podman(tmp_path):
@@ -651,7 +656,7 @@ def test_the_container_recipe_runs_as_written_with_podman(tmp_path):
     need("podman")
     blocks = recipe_blocks()
     assert len(blocks) == 5, blocks
-    work, env = podman_setup(str(tmp_path))
+    work, env, runroot = podman_setup(str(tmp_path))
     receipts = os.path.join(work, "receipts")
     try:
         said = []
@@ -664,6 +669,7 @@ def test_the_container_recipe_runs_as_written_with_podman(tmp_path):
     finally:
         subprocess.run(["podman", "rm", "-f", "-t", "0", "box", "job"], cwd=work, env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        shutil.rmtree(runroot, ignore_errors=True)
 
     def receipt(name):
         with open(os.path.join(receipts, name)) as f:
