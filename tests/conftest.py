@@ -20,12 +20,15 @@ import tempfile
 import time
 
 import pytest
-from hypothesis import HealthCheck, settings
 
-# Hypothesis times each example (200 ms by default): on a loaded machine that
-# is a race against the CPU, never what a test checks.
-settings.register_profile("loaded", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("loaded")
+if os.environ.get("TREEREAP_IN_GUEST") != "1":  # (the guest's batch has no use for it:
+    # there, its 80 modules' assertion rewriting costs 12 s of the emulated CPU)
+    from hypothesis import HealthCheck, settings
+    # Hypothesis times each example (200 ms by default): on a loaded machine
+    # that is a race against the CPU, never what a test checks.
+    settings.register_profile("loaded", deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("loaded")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUPERVISOR = os.path.join(ROOT, "supervisor.py")
@@ -69,7 +72,7 @@ def discover_pythons():
         pyenv_root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
         candidates = sorted(glob.glob(os.path.join(pyenv_root, "versions", "3.*", "bin", "python")))
     found = {}
-    for python in candidates + [PY]:
+    for python in dict.fromkeys(candidates + [PY]):
         version = _version_of(python)
         if version and version.startswith("3."):
             found.setdefault(version, python)
