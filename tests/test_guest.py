@@ -32,7 +32,7 @@ HARNESS = os.path.join(ROOT, "tests", "guest", "vmrun.sh")
 # What runs in the guest: the limits, and the containment tests, whose
 # cgroup paths are found, not assumed (/sys/fs/cgroup there); the containers.
 BATCH = ["tests/test_limits.py", "tests/test_containment.py", "tests/test_containers.py"]
-# The whole batch: about 2 minutes of one CPU, much more beside a busy host.
+# The whole batch: about 3 minutes of one CPU; a bound for a hang only.
 GUEST_LIMIT = 1200
 
 
