@@ -9,8 +9,8 @@ import subprocess
 import tempfile
 
 from conftest import (
-    PY, ROOT, alive, finish, kill_all, read_lines, read_receipt, run, run_supervisor,
-    start_supervisor, wait_until,
+    PY, ROOT, alive, finish, kill_all, needs_cgroup, read_lines, read_receipt, run,
+    run_supervisor, start_supervisor, wait_until,
 )
 
 
@@ -123,6 +123,30 @@ def test_end_kept_never_says_all_gone_of_a_kept_process_outside_its_removed_cgro
     out = run_python(code).stdout.split(None, 3)
     assert out[0] == "False" and out[1] == "None" and out[2] == "3", out
     assert out[3].startswith("NOT all gone"), out
+
+
+@needs_cgroup
+def test_end_kept_in_the_process_that_ran_supervise_ends_what_it_kept(tmp_path):
+    """A controller keeps a run's services (the run's cgroup, kept whole),
+    then ends them from the same process: the kept cgroup's maker is that
+    process, alive, yet its supervise() has returned (a live maker's kept
+    cgroup was left alone: NOT all gone, for as long as the caller lived)."""
+    code = ("import json, os, supervisor as s\n"
+            "s.supervise(['sh', '-c', 'setsid sleep 300 > /dev/null & echo $! > service'], 30,\n"
+            "            policy='preserve-descendants-on-success', receipt='r.json',\n"
+            "            containment='cgroup', workdir='work')\n"
+            "r = json.load(open('r.json'))\n"
+            "print(r['kept_cgroup'] is not None)\n"
+            "print(*s.end_kept(r, 5))\n")
+    (tmp_path / "work").mkdir()
+    service = tmp_path / "work" / "service"
+    try:
+        out = run_python(code, cwd=str(tmp_path)).stdout.splitlines()
+        assert out[0] == "True", out
+        assert out[1].startswith("True all kept processes are gone: ended 1"), out
+        assert not alive(int(service.read_text()))
+    finally:
+        kill_all([int(service.read_text())] if service.exists() else [])
 
 
 def test_supervise_refuses_none_where_a_value_is_needed():
