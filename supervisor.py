@@ -3816,8 +3816,10 @@ def _heard_what_killed_it(run):
     that killed the command reached our listener at the same moment: its
     word is waited for, up to _CTRL_C_WAIT (test_unix.py::test_ctrl_c_on_
     the_terminal_ends_the_command)."""
-    if run.ctrl_c is not None and run.last_stop[0] is None and -_return_code(run.exit_info) in (
-            signal.SIGINT, signal.SIGQUIT) and _wait_ready([run.ctrl_c.fd], (), _CTRL_C_WAIT):
+    # test_unix.py::test_a_command_that_killed_the_listener_may_die_of_sigint_later
+    listener = run.ctrl_c.fd if run.ctrl_c is not None else None
+    if listener is not None and run.last_stop[0] is None and -_return_code(run.exit_info) in (
+            signal.SIGINT, signal.SIGQUIT) and _wait_ready([listener], (), _CTRL_C_WAIT):
         _wait(run, _now())
     return run.last_stop[0]
 

@@ -269,6 +269,22 @@ def test_the_commands_own_sigint_to_its_group_is_not_a_ctrl_c(paths):
     assert read_receipt(paths.receipt)["stop_reason"] == "exit"
 
 
+def test_a_command_that_killed_the_listener_may_die_of_sigint_later(paths):
+    """The listener is a member of the command's group: a command may kill
+    it (its pipe's end is then closed) and die of its own SIGINT later: an
+    exit by SIGINT, 130, confirmed (it was a traceback, 125)."""
+    script = ("for p in $(cat /proc/$PPID/task/$PPID/children); do [ $p = $$ ] || kill -9 $p; "
+              "done; sleep 0.5; echo ready; kill -INT $$")
+    proc, master = spawn_in_pty(supervisor_cmd(*paths.options() + ["--", "sh", "-c", script]))
+    try:
+        read_pty_until(master, "ready")
+        assert proc.wait(timeout=60) == 130
+    finally:
+        os.close(master)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "exit" and receipt["cleanup_confirmed"] is True, receipt
+
+
 @pytest.mark.parametrize("key, sig", [(b"\x03", signal.SIGINT), (b"\x1c", signal.SIGQUIT)])
 def test_ctrl_c_stops_a_command_that_catches_it_as_timeout_k_would(paths, key, sig):
     """The terminal's Ctrl-C (Ctrl-\\) goes to the command's group, which
