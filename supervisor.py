@@ -1372,9 +1372,8 @@ class _Walker(object):
         # test_drain.py::test_signals_until_the_end_never_cost_the_receipt
         if not proc.live:
             return True  # a zombie has no children: they left at its exit
-        if pin is not None and pin.fd is not None:
-            return not _readable(pin.fd)
-        return self.fs.alive(proc)
+        return not _readable(pin.fd) if pin is not None and pin.fd is not None else (
+            self.fs.alive(proc))
 
     def _stop_own_children(self, scope, endtime):
         """SIGSTOP every child of ours that is not the caller's, before the
@@ -1858,7 +1857,10 @@ def _cgroup_for_run(fs, plan):
         raise _cgroup_error(e, e.filename or "cgroup")
     own = cgroup = None
     try:
-        home, own = _enable_controllers(fs, home, plan)
+        if home.path.rsplit("/", 1)[-1] == _PREPARED_LEAF:  # the run's goes beside the leaf
+            own, home = home, _open_home(fs, home.mount_point,
+                                         home.path.rsplit("/", 1)[0] or "/", False)
+        home, own = _enable_controllers(fs, home, own or home, plan)
         ended = home.remove_leftovers(fs)
         cgroup = home.make_child()
         for name in ("cgroup.kill", "cgroup.freeze"):
@@ -1905,7 +1907,7 @@ def _controllers_refused(fs, unavailable, home):
     return "cannot enforce the limits: " + "; ".join(causes)
 
 
-def _enable_controllers(fs, home, plan):
+def _enable_controllers(fs, home, own, plan):
     """The controllers the limits need, enabled for the cgroups below ours.
     Below the root, a cgroup that enables controllers for its children must
     hold no process (for memory the kernel refuses it; for pids and cpu,
@@ -1918,9 +1920,6 @@ def _enable_controllers(fs, home, plan):
     earlier run left us in (a supervise() caller's) serves again; in the
     leaf --prepare-cgroup made (with a container's init and execs), the
     run's cgroup is made beside it."""
-    own = home
-    if home.path.rsplit("/", 1)[-1] == _PREPARED_LEAF:
-        home = _open_home(fs, home.mount_point, home.path.rsplit("/", 1)[0] or "/", False)
     enabled, available = (home.read(name).decode().split() for name in (
         "cgroup.subtree_control", "cgroup.controllers"))
     missing = [(o, c) for o, c in _limits_asked(plan) if c and c not in enabled]
@@ -1935,7 +1934,8 @@ def _enable_controllers(fs, home, plan):
     # We move, and the relay --new-session left in the caller's session (ours).
     movers = [os.getpid()] + [plan.stop_with_parent] * bool(getattr(plan, "relay", False))
     try:
-        if not home.is_root():
+        if not home.is_root():  # (--prepare-cgroup's leaf, if we were in it, closed)
+            _closed(*[own] * (own is not home))
             own = home.make_child("treereap-%d-%s.supervisor" % (os.getpid(), os.urandom(4).hex()))
             for pid in movers:
                 own.write("cgroup.procs", str(pid))
@@ -3837,9 +3837,8 @@ def _why_stop(run):
         return "timeout", None
     if run.watch is not None and run.watch.stopped():
         return "stop_file", None
-    if now >= run.cpu_check_at and _cpu_time_spent(run):
-        return "cpu_time", None
-    return None, None
+    return ("cpu_time", None) if now >= run.cpu_check_at and _cpu_time_spent(run) else (
+        None, None)
 
 
 def _cpu_time_spent(run):
@@ -4921,9 +4920,8 @@ def _parse_args(argv):
 def _split_option(arg):
     """--name=VALUE, --name, -kVALUE, -k: (name, has_value, value)."""
     name, has_value, value = arg.partition("=")
-    if not name.startswith("--") and len(arg) > 2:  # -kVALUE, -sKILL
-        return arg[:2], True, arg[2:]
-    return name, bool(has_value), value
+    short = not name.startswith("--") and len(arg) > 2  # -kVALUE, -sKILL
+    return (arg[:2], True, arg[2:]) if short else (name, bool(has_value), value)
 
 
 def _path_in(argv, option="--receipt"):

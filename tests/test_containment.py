@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import (
-    CGROUP_ROOT, IS_ROOT, PY, alive, finish, kill_all, kill_pinned, needs_cgroup, read_lines,
+    CGROUP_ROOT, IS_ROOT, PY, ROOT, alive, finish, kill_all, kill_pinned, needs_cgroup, read_lines,
     read_lines_until,
     read_receipt, run, run_supervisor, spawn, start_supervisor, supervisor_cmd, wait_until,
 )
@@ -530,6 +530,30 @@ def test_prepare_cgroup_moves_what_shares_the_cgroup_into_a_leaf_and_runs_go_bes
     finally:
         init.kill()
         init.wait()
+
+
+@needs_cgroup
+def test_a_limit_refused_in_the_prepared_leaf_leaves_no_descriptor_open(home):
+    """supervise(memory_max=) from --prepare-cgroup's leaf where the memory
+    controller is not to be had: refused each time, and the descriptors it
+    opened are closed (the leaf's parent was left open, one a call)."""
+    if "memory" in open(home + "/cgroup.controllers").read().split():
+        pytest.skip("the memory controller is available below this cgroup: nothing refuses")
+    os.mkdir(home + "/treereap.init")
+    code = ("import os, supervisor as s\n"
+            "open(%r, 'w').write(str(os.getpid()))\n"
+            "before = sorted(os.listdir('/proc/self/fd'))\n"
+            "for _ in range(3):\n"
+            "    try:\n"
+            "        s.supervise(['true'], 5, memory_max=1 << 30, containment='cgroup')\n"
+            "    except s.SupervisorError as e:\n"
+            "        print('refused:', e)\n"
+            "print(before == sorted(os.listdir('/proc/self/fd')))\n"
+            % (home + "/treereap.init/cgroup.procs"))
+    result = run([PY, "-c", code], cwd="/", env=dict(os.environ, PYTHONPATH=ROOT))
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0 and len(lines) == 4, (result.stdout, result.stderr)
+    assert all(line.startswith("refused:") for line in lines[:3]) and lines[3] == "True", lines
 
 
 def test_prepare_cgroup_runs_no_command():
