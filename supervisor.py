@@ -2395,15 +2395,17 @@ class _StopFileWatch(object):
         """Is the stop file there at the start? The lookout first says that it
         runs ("S"), then looks: `seconds` count from then, not from its fork,
         which a loaded machine may not schedule for long (test_hostile.py::
-        test_a_starved_lookout_is_waited_for). Past them, a lookout that is
-        not blocked in the kernel (D state, on a filesystem that does not
-        answer) is waited for, until endtime. Refused (UsageError) if the
-        path cannot be looked at, or the look does not answer."""
+        test_a_starved_lookout_is_waited_for). Past them, a lookout waiting
+        for the CPU (R) or held by a tracer (t) is waited for, until endtime;
+        one asleep in the kernel (D, or S: a FUSE request waits interruptibly
+        first; test_hostile.py::test_a_first_look_asleep_in_the_kernel_is_
+        refused_as_one_in_d_state) is not. Refused (UsageError) if the path
+        cannot be looked at, or the look does not answer."""
         word = self._answer(endtime - _now())
         if word == b"S":
             word = self._answer(seconds)
             while word is None and _now() < endtime and getattr(fs.stat(self.pid), "state",
-                                                                "D") != "D":
+                                                                "D") in ("R", "t"):
                 word = self._answer(min(seconds, endtime - _now()))
         # test_hostile.py::test_a_stop_file_that_does_not_answer_at_the_start_is_refused
         if word is None:

@@ -6,6 +6,7 @@ workdir, and a temporary file left by a SIGKILL.
 
 Mounts happen in a private mount namespace (unshare --mount), so nothing
 reaches the host's; what a test mounts, freezes or starts, it undoes."""
+import contextlib
 import json
 import os
 import shlex
@@ -339,21 +340,27 @@ import os, signal, subprocess, sys
 fd = os.open("/dev/fuse", os.O_RDWR)
 subprocess.check_call(["mount", "-i", "-t", "fuse", "-o", "fd=%d,rootmode=40000,user_id=0,group_id=0"
                        % fd, "hung", sys.argv[1]], pass_fds=[fd])
+if sys.argv[2:] == ["init"]:  # its INIT answered (7.22's reply): a server that stopped later
+    import struct
+    unique = struct.unpack_from("<IIQ", os.read(fd, 1 << 17))[2]
+    init = struct.pack("<IIIIHHI", 7, 22, 0, 0, 0, 0, 4096)
+    os.write(fd, struct.pack("<IiQ", 16 + len(init), 0, unique) + init)
 print("mounted", flush=True)
 signal.pause()  # it never answers; its exit closes the connection (ENOTCONN for all)
 """
 
 
-@pytest.fixture
-def hung_filesystem(tmp_path):
+@contextlib.contextmanager
+def fuse_server(tmp_path, *args):
     """A FUSE mount whose server never answers, as an NFS or FUSE server that
-    stopped answering: any look at a path in it blocks (uninterruptibly but
-    for SIGKILL). Ended by the test: the server's exit aborts the mount."""
+    stopped answering: any look at a path in it blocks; the server's exit
+    aborts the mount. Before its INIT is answered a look waits in D state
+    (killable); after, a request waits interruptibly first (S state)."""
     if not IS_ROOT or not os.path.exists("/dev/fuse"):
         pytest.skip("needs root and /dev/fuse")
     mount = tmp_path / "hung"
     mount.mkdir()
-    server = spawn([PY, "-c", HUNG_FUSE, str(mount)], stderr=None)
+    server = spawn([PY, "-c", HUNG_FUSE, str(mount)] + list(args), stderr=None)
     try:
         read_lines_until(server.stdout, "mounted")
         yield mount
@@ -361,6 +368,12 @@ def hung_filesystem(tmp_path):
         server.kill()
         server.wait()
         subprocess.call(["umount", "-l", str(mount)])
+
+
+@pytest.fixture
+def hung_filesystem(tmp_path):
+    with fuse_server(tmp_path) as mount:
+        yield mount
 
 
 def test_a_stop_file_that_does_not_answer_at_the_start_is_refused(paths, hung_filesystem):
@@ -372,6 +385,22 @@ def test_a_stop_file_that_does_not_answer_at_the_start_is_refused(paths, hung_fi
                             timeout=30)
     assert result.returncode == 125 and result.stderr.count("\n") == 1, result.stderr
     assert "--stop-file" in result.stderr and "no answer" in result.stderr
+    assert not (paths.work / "ran").exists()
+
+
+def test_a_first_look_asleep_in_the_kernel_is_refused_as_one_in_d_state(paths, tmp_path):
+    """A FUSE server that answered its INIT, then stopped: the look waits
+    in S state (interruptibly, until a signal), not D. Refused within the
+    5 s of the first look, not waited for until the deadline (a supervisor
+    deaf to SIGTERM for the whole --timeout, refusing only then)."""
+    with fuse_server(tmp_path, "init") as mount:
+        paths.stop = mount / "stop"
+        started = time.monotonic()
+        result = run_supervisor(*paths.options(timeout=60, stop=True) + [
+            "--", "touch", paths.work / "ran"], timeout=120)
+        took = time.monotonic() - started
+    assert result.returncode == 125 and "no answer within 5s" in result.stderr, result.stderr
+    assert took < 30, took  # 5 s and a loaded machine's start-up; the deadline is 60 s
     assert not (paths.work / "ran").exists()
 
 
