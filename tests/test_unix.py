@@ -260,13 +260,19 @@ def test_the_commands_own_sigint_to_its_group_is_not_a_ctrl_c(paths):
     command that sends SIGINT to its own group (kill -INT 0) and catches it
     runs to its end."""
     script = "trap 'echo caught' INT; echo ready; kill -INT 0; sleep 0.3; exit 4"
+    assert status_at_a_terminal(paths, script, "caught") == 4
+    assert read_receipt(paths.receipt)["stop_reason"] == "exit"
+
+
+def status_at_a_terminal(paths, script, until):
+    """The supervisor on sh -c script at a terminal: its exit status, once
+    `until` was read there."""
     proc, master = spawn_in_pty(supervisor_cmd(*paths.options() + ["--", "sh", "-c", script]))
     try:
-        read_pty_until(master, "caught")
-        assert proc.wait(timeout=60) == 4
+        read_pty_until(master, until)
+        return proc.wait(timeout=60)
     finally:
         os.close(master)
-    assert read_receipt(paths.receipt)["stop_reason"] == "exit"
 
 
 def test_a_command_that_killed_the_listener_may_die_of_sigint_later(paths):
@@ -275,12 +281,7 @@ def test_a_command_that_killed_the_listener_may_die_of_sigint_later(paths):
     exit by SIGINT, 130, confirmed (it was a traceback, 125)."""
     script = ("for p in $(cat /proc/$PPID/task/$PPID/children); do [ $p = $$ ] || kill -9 $p; "
               "done; sleep 0.5; echo ready; kill -INT $$")
-    proc, master = spawn_in_pty(supervisor_cmd(*paths.options() + ["--", "sh", "-c", script]))
-    try:
-        read_pty_until(master, "ready")
-        assert proc.wait(timeout=60) == 130
-    finally:
-        os.close(master)
+    assert status_at_a_terminal(paths, script, "ready") == 130
     receipt = read_receipt(paths.receipt)
     assert receipt["stop_reason"] == "exit" and receipt["cleanup_confirmed"] is True, receipt
 
