@@ -189,6 +189,8 @@ def test_a_process_of_the_runs_uid_outside_the_run_keeps_it_from_being_confirmed
     read_lines_until(proc.stdout, "started")
     outsider = spawn(AS_NOBODY + ["sleep", "300"], stdout=None, stderr=None)
     try:
+        # Counted once it runs as nobody: wait for setpriv's switch and exec.
+        assert wait_until(lambda: runs_as_nobody(outsider.pid))
         open(go, "w").close()
         status, _, err = finish(proc)
         receipt = read_receipt(open_dir["receipt"])
@@ -199,6 +201,53 @@ def test_a_process_of_the_runs_uid_outside_the_run_keeps_it_from_being_confirmed
     finally:
         outsider.kill()
         outsider.wait()
+
+
+def runs_as_nobody(pid):
+    """Has pid switched to nobody and exec'd its program (setpriv's work done)?"""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return os.stat("/proc/%d" % pid).st_uid == NOBODY and f.read().startswith(b"sleep")
+    except OSError:
+        return False
+
+
+# A container's /proc as Docker, containerd and CRI-O leave it before its
+# command starts (their default spec; `runc spec` prints it): these bound
+# read-only over themselves, these masked (/dev/null over a file, an empty
+# read-only tmpfs over a directory).
+OCI_READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+OCI_MASKED_PATHS = ["/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys",
+                    "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+                    "/proc/sched_debug", "/proc/scsi", "/sys/firmware"]
+
+
+def in_a_containers_proc(argv):
+    script = (
+        'for p in %s; do [ -e "$p" ] || continue; mount -i --bind "$p" "$p" && '
+        'mount -i -o remount,bind,ro "$p" || exit 1; done; '
+        'for p in %s; do if [ -d "$p" ]; then mount -i -t tmpfs -o ro tmpfs "$p" || exit 1; '
+        'elif [ -e "$p" ]; then mount -i --bind /dev/null "$p" || exit 1; fi; done; '
+        'grep -q " /proc/sys ro," /proc/self/mountinfo || exit 1; exec "$@"') % (
+        " ".join(OCI_READONLY_PATHS), " ".join(OCI_MASKED_PATHS))
+    return in_private_mounts(["sh", "-c", script, "sh"] + list(argv))
+
+
+@needs_root
+def test_user_confirms_in_a_containers_default_proc(open_dir):
+    """In a container's default /proc (/proc/sys a read-only bind mount of
+    itself, files masked), --user never confirmed: the end's look at Yama's
+    ptrace_scope refused to cross the mount ("covered by a mount made inside
+    /proc"), 125 every time. Those mounts were there before the command
+    started: the scope is read then. (The guest's runc and crun bundles and
+    tests/test_docker.py run it in real containers.)"""
+    result = run(in_a_containers_proc(supervisor_cmd(
+        "--timeout", 60, "--workdir", open_dir["work"], "--receipt", open_dir["receipt"],
+        "--user", "nobody", "--", "sh", "-c", "id -u")), cwd=open_dir["work"])
+    assert result.returncode == 0, result.stderr
+    receipt = read_receipt(open_dir["receipt"])
+    assert receipt["cleanup_confirmed"] is True and receipt["error"] is None, receipt
+    assert result.stdout.strip() == str(NOBODY)
 
 
 def ptrace_is_open():
