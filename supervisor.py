@@ -96,6 +96,10 @@ EXEC_TIMEOUT_SLACK = 30.0
 _FINAL_PASS_LIMIT, _FINISH_LIMIT = 1.0, 0.5
 # The same stop signal again within this is the same request.
 _STOP_BURST = 0.25
+# --stop-timeout T, from the first stop signal taken: the grace ends by T
+# less _STOP_TAIL (at most half of T) for SIGKILL and the drain, which end
+# by T less _STOP_MARGIN (at most a quarter of T) for the receipt.
+_STOP_TAIL, _STOP_MARGIN = 2.0, 0.5
 # How long a command killed by SIGINT or SIGQUIT at a terminal waits for the
 # word of the Ctrl-C listener, which the terminal signalled at the same time.
 _CTRL_C_WAIT = 0.5
@@ -3017,8 +3021,11 @@ class _Run(object):
         # waitid() once it exited (it stays unreaped until done).
         self.pid = self.report = self.exit_info = None
         self.reaped = False
-        # The deadline (the command's start + timeout); --cpu-time's next read.
+        # The deadline (the command's start + timeout); --cpu-time's next read;
+        # with --stop-timeout, once a stop signal came, the end of the grace
+        # and of everything but the receipt (see _note_outside_stop).
         self.endtime, self.cpu_check_at = None, 0.0 if plan.cpu_time else float("inf")
+        self.grace_end = self.hard_end = float("inf")
         # The stop signals taken: the last request, (signal, when); whether a
         # later one asked to hurry (skip the rest of the grace).
         self.last_stop, self.hurry = (None, 0.0), False
@@ -3047,8 +3054,15 @@ def _enter(run, state):
     run.state = state
     if state in _CLEANUP_STEPS:
         ladder.append([state, now, None])
-        return now + _cleanup_budget(run.plan, state)
+        return min(now + _cleanup_budget(run.plan, state),
+                   run.grace_end if state == "terminating" else run.hard_end)
     return None
+
+
+def _by(run, seconds):
+    """The endtime of a bounded step that many seconds long, within the
+    stop's hard end (--stop-timeout)."""
+    return min(_now() + seconds, run.hard_end)
 
 
 def _wait(run, endtime, fds=(), priority_fds=()):
@@ -3083,6 +3097,8 @@ def _wait_for(run, waiter, endtime, interruptible=False):
     (they wait in the signalfd for the run's next _wait(), or there is no
     run: --end-kept)."""
     while not waiter.done():
+        if run is not None:  # (a stop signal meanwhile may bring the stop's end closer)
+            endtime = min(endtime, run.grace_end if interruptible else run.hard_end)
         if _now() >= endtime or (interruptible and run.hurry):
             return False
         fds, priority_fds, poll_at = waiter.wake()
@@ -3104,6 +3120,8 @@ def _act_on_signals(run):
             kind = 1 if sig in _FORWARDED_SIGNALS else 2 if sig == signal.SIGTSTP else 0
             action = _SIGNAL_ACTIONS[run.state][kind]
             if action is not None:
+                if kind == 0:
+                    _note_outside_stop(run, when)
                 action(run, sig, when)
     # While a list reap is pending, the zombie that made it so still hides the
     # others from waitid(): a SIGCHLD (a storm sends thousands) changes nothing.
@@ -3113,6 +3131,17 @@ def _act_on_signals(run):
             run.reaper.reap_exited()
     elif child_exited:
         run.reaper.reap_exited()
+
+
+def _note_outside_stop(run, when):
+    """--stop-timeout: the first stop signal taken (an engine's stop, the
+    parent's death) sets when the grace ends, and when the stop must be done
+    but for the receipt, so that the receipt is on disk within the engine's
+    grace, before its SIGKILL: confirmed or not, never missing."""
+    limit = run.plan.stop_timeout
+    if limit and run.hard_end == float("inf"):
+        run.grace_end = when + limit - min(_STOP_TAIL, limit / 2)
+        run.hard_end = when + limit - min(_STOP_MARGIN, limit / 4)
 
 
 def _request_stop(run, sig, when):
@@ -3948,7 +3977,8 @@ def _stop_and_wait(run, look, endtime):
     try:
         if not _wait_for(run, waiter, endtime, interruptible=True):
             run.outcome.killed = True
-            _say(run, "a second stop signal cut the grace short: SIGKILL" if run.hurry
+            _say(run, "a second stop signal cut the grace short: SIGKILL" if run.hurry else
+                 "--stop-timeout %gs: SIGKILL" % run.plan.stop_timeout if _now() >= run.grace_end
                  else "the grace ran out (%gs): SIGKILL" % run.plan.cleanup_timeout)
     finally:
         waiter.close()
@@ -3960,8 +3990,8 @@ def _kill_command(run, endtime):
     must not fork again while the drain looks. Then up to cleanup_timeout
     for the command's own process (it may sit in D state)."""
     run.containment.kill(run.pid)
-    while not _command_exited(run) and _now() < endtime:
-        _wait(run, endtime)  # SIGCHLD wakes us
+    while not _command_exited(run) and _now() < min(endtime, run.hard_end):
+        _wait(run, min(endtime, run.hard_end))  # SIGCHLD wakes us
 
 
 def _drain(run, endtime):
@@ -3973,7 +4003,7 @@ def _drain(run, endtime):
     if outcome.stable and not outcome.survivors:
         return
     outcome.killed = True
-    final_endtime = _now() + _FINAL_PASS_LIMIT
+    final_endtime = _by(run, _FINAL_PASS_LIMIT)
     containment.drain_round(scope, final_endtime).close()
     outcome.survivors, outcome.stable = containment.confirm(scope, final_endtime, None)
 
@@ -3982,7 +4012,8 @@ def _drain_rounds(run, scope, endtime):
     """Drain rounds until one is confirmed, or endtime: (alive, stable) of
     the last confirmation tried."""
     containment, outcome = run.containment, ([], False)
-    while _now() < endtime:
+    while _now() < min(endtime, run.hard_end):
+        endtime = min(endtime, run.hard_end)
         round_ = containment.drain_round(scope, endtime)
         try:
             if round_.clear:
@@ -4010,11 +4041,11 @@ def _finish(run):
     are looked at last."""
     _reap_command(run)
     outcome = run.outcome
-    outcome.preserved = run.containment.preserved(run.look, _now() + _FINISH_LIMIT)
+    outcome.preserved = run.containment.preserved(run.look, _by(run, _FINISH_LIMIT))
     outcome.unattributed = [p for p in run.callers.unattributed.values() if run.fs.alive(p)]
     # test_hostile.py::test_a_process_of_the_runs_uid_outside_the_run_keeps_it_from_being_confirmed
     if run.plan.user is not None and run.plan.user.switching:
-        outcome.foreign = _foreign_processes(run, _now() + _FINISH_LIMIT)
+        outcome.foreign = _foreign_processes(run, _by(run, _FINISH_LIMIT))
     _note_survivors(run)
 
 
@@ -4096,7 +4127,7 @@ def _note_survivors(run):
     outcome, whole = run.outcome, True
     if not outcome.survivors and not _confirmed(outcome):
         try:
-            endtime = _now() + _CENSUS_LIMIT
+            endtime = _by(run, _CENSUS_LIMIT)
             outcome.survivors, whole = run.containment.census(_scope(run), endtime)
         # test_trust.py::test_a_look_that_fails_is_never_an_empty_one
         except Exception:  # a look that failed (or what failed the run): count unknown
@@ -4219,7 +4250,7 @@ def _reap_after_failure(run):
     """The command was SIGKILLed: wait for it (within cleanup_timeout), then
     reap it, so that an API caller is left no zombie."""
     try:
-        endtime = _now() + _cleanup_budget(run.plan)
+        endtime = _by(run, _cleanup_budget(run.plan))
         while not _command_exited(run) and _now() < endtime:
             _wait(run, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
         _reap_command(run)
@@ -4771,6 +4802,11 @@ _OPTIONS = (
      DEFAULT_CLEANUP_TIMEOUT, True, "DURATION the time EACH cleanup step may take: the grace "
      "after the stop signal, the wait after SIGKILL, the drain (10); 0, as in timeout -k 0: "
      "the grace has no end"),
+    (("--stop-timeout",), "stop_timeout", "seconds", None, True, "DURATION a stop signal from "
+     "outside (an engine's stop, the parent's death) ends the run, the receipt written, "
+     "within DURATION in all, whatever -k: give the engine's grace (docker stop's 10)"),
+    (("--stop-with-parent",), "stop_with_parent", "pid", None, True, "stop the run, as "
+     "SIGTERM would, when the process that started the supervisor dies (tini's -p)"),
     (("-s", "--signal"), "stop_signal", "signal", "TERM", True,
      "SIG the signal a stop sends first (TERM; 0: none, only the grace, then SIGKILL)"),
     (("--stop-file",), "stop_file", "path", None, True,
@@ -4812,7 +4848,6 @@ _OPTIONS = (
      "(its receipt), within -k; exit 0 when all of it is gone"),
     (("--prepare-cgroup",), "prepare_cgroup", "flag", False, False, "move every process of "
      "this cgroup into a leaf, so that later runs can have limits (a container's entrypoint)"),
-    ((), "stop_with_parent", "pid", None, True, None),
 )
 
 
@@ -4861,7 +4896,7 @@ def _help():
     lines = []
     for flags, _, kind, _, _, text in _OPTIONS:
         if flags:
-            metavar, _, what = text.partition(" ") if kind not in ("flag", POLICIES) else (
+            metavar, _, what = text.partition(" ") if _takes_value((0, 0, kind)) else (
                 "", "", text)
             lines += ["  " + " ".join([", ".join(flags), metavar]).rstrip(),
                       textwrap.fill(what, 79, initial_indent=" " * 6, subsequent_indent=" " * 6)]
@@ -4874,7 +4909,7 @@ def _option(name):
 
 
 def _takes_value(row):
-    return row[2] not in ("flag", POLICIES)
+    return row[2] not in ("flag", "pid", POLICIES)
 
 
 def _parse_args(argv):
@@ -4909,7 +4944,9 @@ def _parse_args(argv):
                 if policy_flag is not None and values["policy"] != default:
                     raise UsageError("%s and %s: choose one policy" % (policy_flag, name))
                 policy_flag = name
-            values[keyword] = default if kind is POLICIES else True
+            # --stop-with-parent: the parent now, before a late start could lose it
+            values[keyword] = default if kind is POLICIES else os.getppid() if (
+                kind == "pid") else True
         else:
             if not has_value:
                 i += 1
@@ -4967,18 +5004,23 @@ def _print(text):
     _ignoring(OSError, os.write, 1, text.encode())
 
 
-def _relay_into_new_session():
+def _relay_into_new_session(parent=None):
     """--new-session: fork. The child leaves the caller's session and
     supervises; the parent stays in the caller's process group as a relay that
     forwards signals and exits with the child's status. When the relay is
     killed (the caller killed its group), the child gets SIGTERM
-    (_PR_SET_PDEATHSIG, set by supervise) and stops the run. Returns the
-    relay's pid, in the child only."""
+    (_PR_SET_PDEATHSIG, set by supervise) and stops the run; with
+    --stop-with-parent (parent, its pid), the relay dies with that parent.
+    Returns the relay's pid, in the child only."""
     relay = os.getpid()
+    if parent is not None:
+        _set_parent_death_signal(signal.SIGKILL)  # (the relay's alone: a fork clears it)
     pid = _acquire("fork", os.fork)
     if pid == 0:
         os.setsid()
         return relay
+    if parent is not None and os.getppid() != parent:
+        os.kill(relay, signal.SIGKILL)  # the parent died before we asked
     for sig in _STOP_SIGNALS + _FORWARDED_SIGNALS:
         if sig == signal.SIGTERM or signal.getsignal(sig) != signal.SIG_IGN:
             # The relay's only work: one kill() to its child, still unreaped.
@@ -5021,7 +5063,8 @@ def main(argv=None):
         plan, target = _checked_plan(command, values)
         summary_dir = plan.summary_dir
         if new_session:
-            plan.stop_with_parent, plan.relay = _relay_into_new_session(), True
+            plan.stop_with_parent, plan.relay = _relay_into_new_session(
+                plan.stop_with_parent), True
         run = _Run(plan)
         receipt = _execute(run)
     except SupervisorError as e:

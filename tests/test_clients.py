@@ -433,3 +433,93 @@ def test_a_symlink_at_the_summary_path_is_not_followed(paths, tmp_path):
     result = run_supervisor(*paths.options() + ["--summary", link, "--", "true"])
     assert result.returncode == 0 and "--summary: cannot write" in result.stderr
     assert target.read_text() == "untouched"
+
+
+# --- An engine's stop: its grace, then SIGKILL; a launcher that dies ------------------------------
+
+# A command deaf to SIGTERM, with a child in a session of its own, deaf too:
+# the stop needs SIGKILL, as a hung harness would.
+DEAF = ("trap '' TERM; setsid sh -c \"trap '' TERM; echo \\$\\$ > child; exec sleep 300\" & "
+        "while [ ! -s child ]; do sleep 0.01; done; echo started; exec sleep 300")
+
+
+def engine_stop(proc, grace, sig=signal.SIGTERM):
+    """What Docker, Kubernetes, Slurm and Ray do to stop a container or job:
+    the signal, `grace` seconds, then SIGKILL (if the supervisor still runs)."""
+    os.kill(proc.pid, sig)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    return finish(proc)
+
+
+@pytest.mark.parametrize("during", ["running", "a-deadlines-grace"])
+def test_stop_timeout_puts_the_receipt_on_disk_within_the_engines_grace(paths, during):
+    """-k 60 (a long grace for the deadline's stop: a harness that
+    checkpoints) under an engine whose grace is 6 s: with --stop-timeout 6,
+    the engine's SIGTERM ends the run, its grace cut to fit (6 - 2 s), and
+    the receipt is on disk before the SIGKILL, confirmed, whether the
+    SIGTERM came while the command ran or during the deadline's grace (then
+    it is that stop again: 124, or 137 once SIGKILL was needed). Without it
+    the engine's SIGKILL came first: no receipt."""
+    timeout = 1 if during == "a-deadlines-grace" else 60
+    proc = start_supervisor(*paths.options(timeout=timeout, cleanup=60) + [
+        "-v", "--stop-timeout", "6", "--", "sh", "-c", DEAF])
+    read_lines_until(proc.stdout, "started")
+    child = int((paths.work / "child").read_text())
+    try:
+        if during == "a-deadlines-grace":
+            read_lines_until(proc.stderr, "treereap: stopping the run: the deadline passed (1s); "
+                             "SIGTERM to the run")
+        status, _, err = engine_stop(proc, 6)
+        receipt = read_receipt(paths.receipt)
+        assert status == 137 and receipt["exit_status"] == 137, err
+        assert receipt["cleanup_confirmed"] is True and not alive(child), receipt
+        assert receipt["stop_reason"] == ("timeout" if timeout == 1 else "signal"), receipt
+        assert receipt["ladder"][0]["step"] == "terminating", receipt
+        assert "--stop-timeout 6s: SIGKILL" in err, err
+    finally:
+        kill_all([child])
+
+
+def test_stop_with_parent_stops_the_run_when_its_launcher_dies(paths):
+    """A launcher that cannot exec the supervisor (a CI step's shell) is
+    killed: with --stop-with-parent the supervisor takes its death as a
+    SIGTERM and stops the run, receipt and all; without, the run lives on,
+    orphaned, to its deadline (here ended by the test)."""
+    for flag in (["--stop-with-parent"], []):
+        argv = supervisor_cmd(*paths.options(timeout=300, cleanup=2) + flag + [
+            "--", "sh", "-c", "echo started; exec sleep 300"])
+        launcher = spawn(["sh", "-c", '"$@"; echo never', "sh"] + argv)  # not exec'd: a child
+        read_lines_until(launcher.stdout, "started")
+        supervisor = [p for p in running(launcher.pid, [a.encode() for a in argv])]
+        assert len(supervisor) == 1, supervisor
+        launcher.kill()
+        launcher.wait()
+        if flag:
+            assert wait_until(lambda: paths.receipt.exists() and not alive(supervisor[0]))
+            receipt = read_receipt(paths.receipt)
+            assert receipt["stop_reason"] == "signal" and receipt["signal"] == "SIGTERM"
+            assert receipt["cleanup_confirmed"] is True and receipt["exit_status"] == 143
+        else:
+            assert alive(supervisor[0]) and not paths.receipt.exists()
+            os.kill(supervisor[0], signal.SIGTERM)
+            assert wait_until(lambda: paths.receipt.exists() and not alive(supervisor[0]))
+        paths.receipt.unlink()
+
+
+def test_stop_with_parent_and_new_session_stop_the_run_when_the_launcher_dies(paths):
+    """With --new-session the supervising process is the relay's child: the
+    relay dies with the launcher (--stop-with-parent), and so the run stops."""
+    argv = supervisor_cmd(*paths.options(timeout=300, cleanup=2) + [
+        "--new-session", "--stop-with-parent", "--", "sh", "-c", "echo started; exec sleep 300"])
+    launcher = spawn(["sh", "-c", '"$@"; echo never', "sh"] + argv)
+    read_lines_until(launcher.stdout, "started")
+    both = running(launcher.pid, [a.encode() for a in argv])
+    assert len(both) == 2, both  # the relay and the supervising process
+    launcher.kill()
+    launcher.wait()
+    assert wait_until(lambda: paths.receipt.exists() and not any(alive(p) for p in both))
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == "signal" and receipt["cleanup_confirmed"] is True
