@@ -1993,6 +1993,10 @@ def prepare_cgroup():
         if home.path.rsplit("/", 1)[-1] == _PREPARED_LEAF:  # done before: we are in the leaf
             home, _ = _open_home(fs, home.mount_point, home.path.rsplit("/", 1)[0] or "/",
                                  False), home.close()
+        # test_containment.py::test_prepare_cgroup_refuses_the_hierarchys_root
+        if home.is_root():  # (its processes may stay: the kernel lets the root enable them)
+            raise SupervisorError("--prepare-cgroup: %s is the hierarchy's root: nothing to "
+                                  "prepare, runs there can have limits as it is" % home.shown)
         _ignoring(FileExistsError, os.mkdir, _PREPARED_LEAF, 0o755, dir_fd=home.fd)
         leaf, moved = home.child(_PREPARED_LEAF), 0
         for _ in range(_STOP_PASSES):  # an exec may join meanwhile
@@ -2407,10 +2411,7 @@ class _StopFileWatch(object):
         cannot be looked at, or the look does not answer."""
         word = self._answer(endtime - _now())
         if word == b"S":
-            word = self._answer(seconds)
-            while word is None and _now() < endtime and getattr(fs.stat(self.pid), "state",
-                                                                "D") in ("R", "t"):
-                word = self._answer(min(seconds, endtime - _now()))
+            word = self._patient_answer(seconds, fs, endtime)
         # test_hostile.py::test_a_stop_file_that_does_not_answer_at_the_start_is_refused
         if word is None:
             raise UsageError("--stop-file: %s: no answer within %gs (a network filesystem that "
@@ -2428,15 +2429,26 @@ class _StopFileWatch(object):
             self._answer(0)
         return self.seen
 
-    def last_look(self, seconds):
-        """One more look, asked for: a stop file that came with the exit. No
-        answer within `seconds` counts as a stop, as a look that fails does."""
+    def last_look(self, seconds, fs, unanswered):
+        """One more look, asked for: a stop file that came with the exit, or
+        with a stop signal. No answer within `seconds` (more while the
+        lookout waits for the CPU, up to _STOP_FILE_ANSWER) is `unanswered`:
+        at an exit a stop, as a look that fails is; with a signal, none."""
         if not self.seen:
             _ignoring(OSError, os.write, self.ask, b"?")  # EPIPE: gone, as its answers say
             # test_hostile.py::test_a_last_look_at_the_stop_file_that_does_not_answer_counts_as_a_stop
-            if self._answer(seconds) is None:
-                self.seen = True
+            if self._patient_answer(seconds, fs, _now() + _STOP_FILE_ANSWER) is None:
+                self.seen = unanswered
         return self.seen
+
+    def _patient_answer(self, seconds, fs, endtime):
+        """The next word within `seconds`, or past them, until endtime, while
+        the lookout waits for the CPU (R) or a tracer holds it (t)."""
+        word = self._answer(seconds)
+        while word is None and _now() < endtime and getattr(fs.stat(self.pid), "state",
+                                                            "D") in ("R", "t"):
+            word = self._answer(min(seconds, endtime - _now()))
+        return word
 
     def _answer(self, seconds):
         """The lookout's next word, within `seconds` (None: no word)."""
@@ -2631,16 +2643,21 @@ def _directory_of(path, option):
                              option, "/" + "/".join(parts[:i + 1]), e.strerror))
 
 
-def _open_to_write(path, directory):
+def _open_to_write(path, directory, anew=False):
     """A descriptor on path, made anew; never through a symlink, never held
     up by a FIFO (ENXIO). With directory (_directory_of), opened there, and
     only a regular file of one link is truncated: one the run's uid linked
-    to a file of ours would be that file."""
+    to a file of ours would be that file. With anew, what is there is
+    removed and a file of ours made: one the run's uid left there (its own)
+    it could write itself, past --max-output."""
     # test_clients.py::test_a_symlink_at_the_summary_path_is_not_followed (O_NOFOLLOW)
     # test_clients.py::test_a_fifo_at_the_summary_path_never_blocks (O_NONBLOCK)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     if directory is None:
         return os.open(path, flags | os.O_TRUNC, 0o644)
+    if anew:  # test_limits.py::test_under_user_the_cap_holds_on_a_file_the_uid_left
+        _ignoring(FileNotFoundError, os.unlink, os.path.basename(path), dir_fd=directory)
+        flags |= os.O_EXCL
     fd = os.open(os.path.basename(path), flags, 0o644, dir_fd=directory)
     st = os.fstat(fd)
     if st.st_mode & 0o170000 != 0o100000 or st.st_nlink != 1:
@@ -3099,10 +3116,12 @@ def _wait_for(run, waiter, endtime, interruptible=False):
     while not waiter.done():
         if run is not None:  # (a stop signal meanwhile may bring the stop's end closer)
             endtime = min(endtime, run.grace_end if interruptible else run.hard_end)
-        if _now() >= endtime or (interruptible and run.hurry):
+        # test_limits.py::test_cpu_time_holds_in_every_grace
+        if _now() >= endtime or (interruptible and (run.hurry or _cpu_time_spent(run))):
             return False
         fds, priority_fds, poll_at = waiter.wake()
-        until = endtime if poll_at is None else min(endtime, poll_at)
+        until = min(endtime, endtime if poll_at is None else poll_at,
+                    run.cpu_check_at if interruptible else endtime)
         if run is None:
             _wait_ready(fds, priority_fds, until - _now())
         else:
@@ -3159,7 +3178,9 @@ def _hurry(run, sig, when):
     own process group, which holds the child too). After a natural exit
     there is no request yet: any stop signal hurries the drain."""
     last_signal, last_when = run.last_stop
-    if last_signal is None and run.outcome.stop_reason is not None:
+    # test_clients.py::test_with_k_0_one_stop_signal_ends_any_stops_grace
+    if last_signal is None and run.outcome.stop_reason is not None and (
+            run.plan.cleanup_timeout or when - run.outcome.cleanup_started < _STOP_BURST):
         run.last_stop = (sig, when)
         return
     if sig == last_signal and when - last_when < _STOP_BURST:
@@ -3362,7 +3383,7 @@ class _Output(object):
         try:
             if user is not None:  # (see _directory_of; refused with its own line)
                 self.directory = _directory_of(path, "--output")
-            self.file = self.for_command = _high_fd(_open_to_write(path, self.directory))
+            self.file = self.for_command = _high_fd(_open_to_write(path, self.directory, True))
             # test_limits.py::test_output_to_anything_but_a_regular_file_is_refused
             if os.fstat(self.file).st_mode & 0o170000 != 0o100000:
                 raise OSError(errno.EINVAL, "not a regular file", path)
@@ -3684,8 +3705,8 @@ def _stopped_before_start(run):
     there = run.watch is not None and run.watch.first_look(
         _STOP_FILE_ANSWER, run.fs, _now() + run.plan.timeout)
     sig = run.last_stop[0]
-    if sig is not None or there:
-        _decide_stop(run, "signal" if sig is not None else "stop_file", sig)
+    if sig is not None or there:  # (both: one request, the stop file's)
+        _decide_stop(run, "stop_file" if there else "signal", None if there else sig)
     return run.outcome.stop_reason is not None
 
 
@@ -3878,23 +3899,31 @@ def _why_stop(run):
     now = _now()
     if sig is not None:
         # test_trust.py::test_a_supervisor_stopped_past_its_deadline_stops_the_run_as_timeout
-        return ("timeout", None) if when >= run.endtime else ("signal", sig)
+        if when >= run.endtime:
+            return "timeout", None
+        # The stop file, then a stop signal (NeMo Gym's stop), read in either
+        # order: one request, the stop file's. test_nemo.py::test_the_
+        # controllers_stop_keeps_the_commands_grace
+        stop_file = run.watch is not None and run.watch.last_look(_STOP_BURST, run.fs, False)
+        return ("stop_file", None) if stop_file else ("signal", sig)
     if now >= run.endtime:
         return "timeout", None
     if run.watch is not None and run.watch.stopped():
         return "stop_file", None
-    return ("cpu_time", None) if now >= run.cpu_check_at and _cpu_time_spent(run) else (
-        None, None)
+    return ("cpu_time", None) if _cpu_time_spent(run) else (None, None)
 
 
 def _cpu_time_spent(run):
     """--cpu-time: is the run's CPU spent (the cgroup's cpu.stat: every
-    process it held, reaped or not)? If not, it is read again when it could
-    be at the earliest, every CPU busy (BenchExec's way): nothing reads it
-    more often than the run could spend it."""
+    process it held, reaped or not)? Read when it could be at the earliest,
+    every CPU busy (BenchExec's way): nothing reads it more often than the
+    run could spend it. Watched while the command runs and in any grace."""
+    if _now() < run.cpu_check_at:
+        return False
     usage = run.containment.usage()  # None: cpu.stat unreadable (a mount over it): spent
     left = run.plan.cpu_time - (usage["cpu_usage_s"] if usage else float("inf"))
-    run.cpu_check_at = _now() + max(left / (os.cpu_count() or 1), _CPU_TIME_MIN_WAKE)
+    run.cpu_check_at = 0.0 if left <= 0 else _now() + max(  # (spent: it stays so)
+        left / (os.cpu_count() or 1), _CPU_TIME_MIN_WAKE)
     return left <= 0
 
 
@@ -3940,7 +3969,7 @@ def _leave_running(run):
         _quietly_signal(run.ctrl_c.pid, signal.SIGKILL)
     if run.outcome.stop_reason is None:
         if run.watch is not None:
-            run.watch.last_look(_STOP_FILE_ANSWER)
+            run.watch.last_look(_STOP_FILE_ANSWER, run.fs, True)
         _take_back_terminal(run)
 
 
@@ -3976,8 +4005,11 @@ def _stop_and_wait(run, look, endtime):
     waiter = run.containment.stop(look, run.outcome.run_signal, endtime)
     try:
         if not _wait_for(run, waiter, endtime, interruptible=True):
-            run.outcome.killed = True
-            _say(run, "a second stop signal cut the grace short: SIGKILL" if run.hurry else
+            run.outcome.killed, spent = True, _now() >= run.cpu_check_at
+            if spent and run.outcome.stop_reason is None:
+                _decide_stop(run, "cpu_time")  # a natural exit's grace spent it
+            _say(run, "the run spent its CPU time: SIGKILL" if spent else
+                 "a second stop signal cut the grace short: SIGKILL" if run.hurry else
                  "--stop-timeout %gs: SIGKILL" % run.plan.stop_timeout if _now() >= run.grace_end
                  else "the grace ran out (%gs): SIGKILL" % run.plan.cleanup_timeout)
     finally:
@@ -5112,6 +5144,8 @@ def _refuse(message, target, argv, summary_dir):
 
 def _end_kept(path, cleanup_timeout):
     """--end-kept RECEIPT: one line, and 0 when all it kept is gone."""
+    if not cleanup_timeout:  # (-k 0: no end to the grace, which a teardown has not)
+        raise UsageError("--end-kept: -k 0 gives it no end; give -k seconds (10 by default)")
     try:
         with open(path, "rb") as f:
             import json  # the owner's teardown only: no run pays for its import

@@ -523,3 +523,31 @@ def test_stop_with_parent_and_new_session_stop_the_run_when_the_launcher_dies(pa
     assert wait_until(lambda: paths.receipt.exists() and not any(alive(p) for p in both))
     receipt = read_receipt(paths.receipt)
     assert receipt["stop_reason"] == "signal" and receipt["cleanup_confirmed"] is True
+
+
+@pytest.mark.parametrize("stop", ["deadline", "stop-file"])
+def test_with_k_0_one_stop_signal_ends_any_stops_grace(paths, stop):
+    """-k 0: no end to the grace but a stop signal. After a stop by the
+    deadline or the stop file, the first stop signal was taken for that stop
+    again (a controller's stop file, then its SIGTERM), and a second was
+    needed; now one does, unless it comes with the stop (within 0.25 s)."""
+    proc = start_supervisor(*paths.options(timeout=0.3 if stop == "deadline" else 60, cleanup=0,
+                                           stop=True) + [
+        "-v", "--", "sh", "-c", "trap '' TERM; echo started; while :; do sleep 1; done"])
+    read_lines_until(proc.stdout, "started")
+    if stop == "stop-file":
+        paths.stop.write_text("")
+    read_lines_until(proc.stderr, "treereap: stopping the run: %s; SIGTERM to the run" % (
+        "the deadline passed (0.3s)" if stop == "deadline" else
+        "the stop file %s appeared" % paths.stop))
+    time.sleep(0.3)  # (past the burst: a signal within it is the stop again)
+    proc.send_signal(signal.SIGTERM)
+    status, _, err = finish(proc, timeout=60)
+    assert status == 137 and "a second stop signal cut the grace short" in err, err
+    assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
+
+
+def test_end_kept_with_k_0_is_refused_naming_the_option(paths):
+    result = run_supervisor("--end-kept", paths.receipt, "-k", "0")
+    assert result.returncode == 125 and result.stderr.count("\n") == 1, result.stderr
+    assert "-k 0" in result.stderr and "cleanup_timeout" not in result.stderr

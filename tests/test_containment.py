@@ -556,6 +556,21 @@ def test_a_limit_refused_in_the_prepared_leaf_leaves_no_descriptor_open(home):
     assert all(line.startswith("refused:") for line in lines[:3]) and lines[3] == "True", lines
 
 
+@needs_cgroup
+def test_prepare_cgroup_refuses_the_hierarchys_root():
+    """Run in the hierarchy's root cgroup, it moved every process there (PID 1
+    too) into treereap.init, then failed ("Invalid argument") and left them
+    moved. The root needs nothing (the kernel lets it enable controllers
+    with processes in it): refused before anything moves."""
+    before = open(CGROUP_ROOT + "/cgroup.procs").read().split()
+    result = run(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', CGROUP_ROOT]
+                 + supervisor_cmd("--prepare-cgroup"), cwd="/")
+    assert result.returncode == 125 and "the hierarchy's root" in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert not os.path.exists(CGROUP_ROOT + "/treereap.init")
+    assert "1" not in before or "1" in open(CGROUP_ROOT + "/cgroup.procs").read().split()
+
+
 def test_prepare_cgroup_runs_no_command():
     result = run_supervisor("--prepare-cgroup", "--", "true")
     assert result.returncode == 125 and "--prepare-cgroup runs no command" in result.stderr

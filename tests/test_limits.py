@@ -10,6 +10,7 @@ those limits are refused; --cpu-time needs only the run's cgroup v2.
 """
 import os
 import shlex
+import signal
 import subprocess
 
 import pytest
@@ -166,6 +167,35 @@ def test_cpu_time_holds_its_bound_against_spinners_that_ignore_sigterm(paths):
     assert result.returncode == 137 and receipt["cleanup_confirmed"] is True, result.stderr
     assert 1.0 <= receipt["usage"]["cpu_usage_s"] < 1.0 + 0.05 * os.cpu_count() + 0.5
     assert [step["step"] for step in receipt["ladder"]] == ["terminating", "killing", "draining"]
+
+
+SPINNERS = "for i in 1 2; do sh -c \"trap '' TERM; while :; do :; done\" & done; "
+
+
+@needs_cgroup
+@pytest.mark.parametrize("stop", ["deadline", "signal", "exit"])
+def test_cpu_time_holds_in_every_grace(paths, stop):
+    """--cpu-time 2 -k 30, two spinners deaf to SIGTERM: the deadline, a stop
+    signal, or the command's own exit (the spinners left behind) starts a
+    grace of 30 s, in which --cpu-time was not watched (8.7-9.3 s of CPU for
+    --cpu-time 2 -k 8; the exit ended "exit 0"). Watched in every grace, the
+    spinners are SIGKILLed once it is spent; the stop keeps its reason, the
+    exit's becomes cpu_time (124: the command was gone)."""
+    command = "trap '' TERM; " + SPINNERS + "echo started; " + (
+        "exit 0" if stop == "exit" else "wait")
+    proc = start_supervisor(*paths.options(timeout=0.3 if stop == "deadline" else 120,
+                                           cleanup=30) + [
+        "--cpu-time", "2", "-v", "--", "sh", "-c", command])
+    assert proc.stdout.readline() == b"started\n"
+    if stop == "signal":
+        proc.send_signal(signal.SIGTERM)
+    status, _, err = finish(proc)
+    receipt = read_receipt(paths.receipt)
+    assert receipt["stop_reason"] == {"deadline": "timeout", "signal": "signal",
+                                      "exit": "cpu_time"}[stop], receipt
+    assert status == (124 if stop == "exit" else 137) and receipt["cleanup_confirmed"], err
+    assert 2.0 <= receipt["usage"]["cpu_usage_s"] < 2.0 + 0.05 * os.cpu_count() + 0.5, receipt
+    assert "the run spent its CPU time: SIGKILL" in err, err
 
 
 @needs_cgroup

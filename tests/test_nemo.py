@@ -238,12 +238,14 @@ while True:
 """
 
 
-@pytest.mark.parametrize("pause", [0, 0.5])
+@pytest.mark.parametrize("pause", [0, 0.02, 0.5])
 def test_the_controllers_stop_keeps_the_commands_grace(tmp_path, pause):
-    """The stop file, then SIGTERM: one request. The SIGTERM used to count as
-    a second stop signal, which skips the grace: the command, which takes
-    0.3 s to exit, died of SIGKILL. The same with a controller slower between
-    its two steps (two sandbox execs)."""
+    """The stop file, then SIGTERM: one request, with one outcome. The
+    SIGTERM used to count as a second stop signal, which skips the grace: the
+    command, which takes 0.3 s to exit, died of SIGKILL. The same with a
+    controller slower between its two steps (two sandbox execs). And
+    whichever the supervisor read first, the outcome is the stop file's (it
+    was `signal`, 143, in 6 to 17 of 30 peer runs, and 9 of 10 at 0-20 ms)."""
     session = Session(tmp_path, "runner")
     launcher = session.launch([PY, "-c", REPORTER, "0.3"])
     assert wait_until(lambda: session.logged("ready"))  # its handler is set
@@ -253,12 +255,8 @@ def test_the_controllers_stop_keeps_the_commands_grace(tmp_path, pause):
     status = launcher.wait(timeout=60)
     receipt = session.read()
     assert receipt["return_code"] == 3, receipt  # its handler finished: no SIGKILL
-    # At once, the SIGTERM may be seen first: then it decided, and the stop
-    # file is the same request.
-    expected = ["stop_file"] if pause else ["stop_file", "signal"]
-    assert receipt["stop_reason"] in expected and receipt["cleanup_confirmed"] is True
-    assert status == receipt["exit_status"] == {"stop_file": 124, "signal": 143}[
-        receipt["stop_reason"]]
+    assert receipt["stop_reason"] == "stop_file" and receipt["cleanup_confirmed"] is True
+    assert status == receipt["exit_status"] == 124
 
 
 def test_the_command_gets_sigterm_first_at_the_deadline_despite_the_fence(tmp_path):
