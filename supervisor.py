@@ -172,9 +172,12 @@ _PREPARED_LEAF = "treereap.init"
 _SUMMARY_LIMIT = 4096
 # The cgroups a supervisor makes are marked (an extended attribute: trusted.,
 # which only CAP_SYS_ADMIN may write, else user.; see _mark): "run" (one left
-# by a dead supervisor is ended by the next one) or "kept", then who made it
-# (see _maker, _maker_alive).
+# by a dead supervisor is ended by the next one) or "kept"; its maker locks
+# its cgroup.kill while it lives (see _maker_alive).
 _RUN_MARKS = ("trusted.treereap", "user.treereap")
+# A process that started this long before a leftover run's cgroup changed
+# last (st_ctime: its mark) may be the run's still: ticks and clocks differ.
+_LEFTOVER_SLACK = 0.05
 # Waiting for a process the kernel cannot wake us for (no pidfd): 1 ms doubling.
 _EXIT_POLL_FIRST, _EXIT_POLL_MAX = 0.001, 0.1
 # select() keeps deadlines to the microsecond but only for fds below
@@ -1523,7 +1526,7 @@ class _Cgroup(object):
         self.shown = mount_point.rstrip("/") + path
         self.fd, self.openat2 = dir_fd, openat2
         self.device = os.fstat(dir_fd).st_dev
-        self.events_fd = self.procs_fd = None
+        self.events_fd = self.procs_fd = self.kill_fd = None
 
     def open(self, name, flags):
         return _open_beneath(self.fd, self.device, self.openat2, name, flags, self.shown)
@@ -1634,7 +1637,7 @@ class _Cgroup(object):
             try:
                 mark = _mark(fd)
                 # test_containment.py::test_a_dead_supervisors_cgroup_is_removed_a_live_ones_never
-                if not _maker_alive(fs, fd, mark) and (
+                if not _maker_alive(fd, mark) and (
                         mark or time.time() - os.fstat(fd).st_mtime >= _LEFTOVER_MIN_AGE):
                     # test_containment.py::test_what_a_policy_kept_is_never_taken_for_a_
                     # killed_supervisors_run; ..._is_ended_by_the_next_one_at_once
@@ -1649,23 +1652,33 @@ class _Cgroup(object):
 
     def _end_leftover(self, fs, name, mark):
         """End a dead supervisor's run, unless it holds a process that started
-        before its maker did, which is none of its run's (a root command moved
-        it in, or forged the mark; test_trust.py::test_a_forged_leftover_
-        holding_an_older_process_is_left_alone): [(path, processes)] or []."""
-        words = mark.split()
-        if len(words) != 4 or not words[2].isdigit():
-            return []  # no maker named: nothing ties it to a run
+        before the cgroup last changed (st_ctime, which the kernel sets and
+        only moves forward: at the latest when its mark was set, before the
+        command's fork), which is none of its run's (a root command moved it
+        in, or forged the mark; test_containment.py::test_a_forged_leftover_
+        holding_an_older_process_is_left_alone). Ages, not start times: a
+        start time is read in the reader's time namespace, as is
+        CLOCK_BOOTTIME. [(path, processes)] or []."""
         run = self.child(name)
         try:
             procs = [p for p in (fs.stat(pid) for pid in run.procs()) if p is not None]
-            if not procs or any(p.start < int(words[2]) for p in procs):
+            changed = time.time() - os.fstat(run.fd).st_ctime + _LEFTOVER_SLACK  # seconds ago
+            booted = time.clock_gettime(7)  # CLOCK_BOOTTIME (unnamed before Python 3.7)
+            ticks = os.sysconf("SC_CLK_TCK")
+            if not procs or any(booted - p.start / ticks > changed for p in procs):
                 return []
             return [(run.path, len(procs))] if run.end(_now() + _FINAL_PASS_LIMIT) else []
         finally:
             run.close()
 
+    def lock(self):
+        """Take the lock its maker holds while it lives (see _maker_alive)."""
+        import fcntl
+        self.kill_fd = _high_fd(self.open("cgroup.kill", os.O_WRONLY))
+        fcntl.flock(self.kill_fd, fcntl.LOCK_EX)
+
     def close(self):
-        for name in ("events_fd", "procs_fd", "fd"):
+        for name in ("events_fd", "procs_fd", "kill_fd", "fd"):
             fd = getattr(self, name)
             if fd is not None:
                 setattr(self, name, None)
@@ -1688,33 +1701,27 @@ def _mark(fd, value=None):
     return None
 
 
-def _maker(fs):
-    """Who makes a cgroup, for its mark: our pid, start time and PID
-    namespace (b"1234 5678 pid:[4026531836]")."""
-    me = os.getpid()
-    return ("%d %d %s" % (me, fs.stat(me).start, _namespaces(fs)["pid"])).encode()
-
-
-def _maker_alive(fs, fd, mark):
+def _maker_alive(fd, mark):
     """Is the supervisor that made the cgroup at fd (its mark read) alive?
-    In our PID namespace its pid and start time say, as no other process
-    can be it: a flock that a process of the run took on the cgroup says
-    nothing (test_trust.py::test_a_flock_on_a_killed_supervisors_run_
-    does_not_keep_it_alive). Made in another namespace, or unmarked: the
-    flock its maker holds while it lives."""
-    words = (mark or b"").split()
-    if len(words) == 4 and words[3] == (_namespaces(fs)["pid"] or "").encode() and all(
-            w.isdigit() for w in words[1:3]):
-        # This very process: a supervise() of ours that has returned (one runs
-        # at a time, in the main thread). test_api.py::test_end_kept_in_the_
-        # process_that_ran_supervise_ends_what_it_kept
-        proc = fs.stat(int(words[1])) if int(words[1]) != os.getpid() else None
-        return proc is not None and proc.live and proc.start == int(words[2])
+    It holds a flock on the cgroup's cgroup.kill while it lives, in any PID
+    or time namespace, which no process of its run takes: cgroup.kill is
+    its owner's alone to open (0200), and a --user command is not that
+    (test_containment.py::test_a_flock_on_a_killed_supervisors_run_does_
+    not_keep_it_alive). A lock we cannot try (EACCES) says alive. Unmarked,
+    or marked by 3.2 (four words), the directory's flock, which 3.2 held
+    (and we hold too, for 3.2's sake)."""
     import fcntl
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        kill = os.open("cgroup.kill", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fd) if (
+            mark and len(mark.split()) == 1) else None
     except OSError:
         return True
+    try:
+        fcntl.flock(fd if kill is None else kill, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        _ignoring(TypeError, os.close, kill)
     return False
 
 
@@ -1867,12 +1874,12 @@ def _cgroup_for_run(fs, plan):
         home, own = _enable_controllers(fs, home, own or home, plan)
         ended = home.remove_leftovers(fs)
         cgroup = home.make_child()
-        for name in ("cgroup.kill", "cgroup.freeze"):
-            os.stat(name, dir_fd=cgroup.fd)
+        os.stat("cgroup.freeze", dir_fd=cgroup.fd)
+        cgroup.lock()
         cgroup.procs_fd = _high_fd(cgroup.open("cgroup.procs", os.O_WRONLY))
         cgroup.events()
         limits_set = _set_limits(cgroup, plan)
-        _mark(cgroup.fd, b"run " + _maker(fs))
+        _mark(cgroup.fd, b"run")
     except (OSError, SupervisorError) as e:
         if cgroup is not None:
             home.remove_child(cgroup)
@@ -2187,7 +2194,7 @@ class _CgroupContainment(object):
             self.removed = self.home.remove_child(self.cgroup)
         kept = look is not None and look.scope.reach is None
         if kept:  # test_containment.py::test_what_a_policy_kept_is_never_taken_for_a_killed_...
-            _mark(self.cgroup.fd, b"kept " + _maker(self.fs))
+            _mark(self.cgroup.fd, b"kept")
         return {"containment": "cgroup", "cgroup": self.cgroup.path, "usage": usage,
                 "kept_cgroup": self.cgroup.path if kept and not self.removed else None,
                 "limits_set": self.limits_set}
@@ -4800,7 +4807,7 @@ def _end_kept_cgroups(fs, receipt, endtime):
     try:
         home = _open_home(fs, mount_point, path.rsplit("/", 1)[0] or "/", judge=False)
         cgroup = home.child(name)
-        if _maker_alive(fs, cgroup.fd, _mark(cgroup.fd)):
+        if _maker_alive(cgroup.fd, _mark(cgroup.fd)):
             return False, 0, "kept_cgroup %s is its run's still: left alone" % cgroup.path
         # test_containment.py::test_a_forged_kept_cgroup_is_left_alone
         if any(not cgroup.holds(fs.cgroup_of(pid)) for pid in alive):

@@ -17,7 +17,8 @@ import pytest
 from conftest import (
     CGROUP_ROOT, IS_ROOT, PY, ROOT, alive, finish, kill_all, kill_pinned, needs_cgroup, read_lines,
     read_lines_until,
-    read_receipt, run, run_supervisor, spawn, start_supervisor, supervisor_cmd, wait_until,
+    read_receipt, run, run_supervisor, spawn, start_supervisor, supervisor_below, supervisor_cmd,
+    wait_until,
 )
 
 CGROUP = ["--containment", "cgroup"]
@@ -464,12 +465,16 @@ def test_a_run_left_by_a_killed_supervisor_is_ended_by_the_next_one_at_once(path
         kill_all([orphan])
 
 
+# A time namespace whose boot time is a day off (a CRIU restore, a runtime's).
+OTHER_TIME_NAMESPACE = ["unshare", "--time", "--boottime", "86400", "--fork"]
+
+
 @needs_cgroup
 def test_a_flock_on_a_killed_supervisors_run_does_not_keep_it_alive(open_dir, home):
     """A --user command waits for the run's cgroup's flock, which it gets the
     moment its supervisor is SIGKILLed: a lock anyone may take passed for a
-    live supervisor, and the run lived on. In our PID namespace the mark's
-    maker (its pid and start time) says it is gone: the next one ends it."""
+    live supervisor, and the run lived on. The maker's proof of life is its
+    lock on cgroup.kill, which only root may open: the next one ends it."""
     options = ["--timeout", 300, "--workdir", open_dir["work"], "--receipt", open_dir["receipt"],
                "--user", "nobody"]
     orphan, left = killed_supervisors_run(options, home,
@@ -483,6 +488,65 @@ def test_a_flock_on_a_killed_supervisors_run_does_not_keep_it_alive(open_dir, ho
         assert wait_until(lambda: not alive(orphan))
     finally:
         kill_all([orphan])
+
+
+@needs_cgroup
+def test_a_flock_on_a_run_killed_in_another_pid_namespace_does_not_keep_it_alive(open_dir, home):
+    """The killed supervisor was in a PID namespace of its own (a container's
+    exec; its init is the test's, so the run outlives it), the
+    next one here: the mark named that namespace, where the directory's
+    flock said whether the maker lived, and the --user command's flock
+    passed for it (2 of 2, #37). The lock on cgroup.kill: the run is ended."""
+    locked = os.path.join(open_dir["work"], "locked")
+    script = "setsid flock $cg sh -c 'touch %s; exec sleep 300' & exec sleep 300" % locked
+    killed = supervisor_cmd("--timeout", 300, "--workdir", open_dir["work"], "--receipt",
+                            open_dir["receipt"], "--user", "nobody", *CGROUP + ["--"] +
+                            in_the_runs_cgroup(script))
+    proc = spawn(in_cgroup(home, ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                                  "sh", "-c", '"$@" & exec sleep 300', "sh"] + killed))
+    def runs():
+        return [n for n in os.listdir(home) if n.startswith("treereap-")
+                and not n.endswith(".supervisor")]
+    try:
+        # flock and sleep in the run's cgroup: flock waits for its supervisor's lock.
+        assert wait_until(lambda: len(runs()) == 1 and len(open(os.path.join(
+            home, runs()[0], "cgroup.procs")).read().split()) == 2)
+        left = runs()
+        supervisor = supervisor_below(proc.pid)
+        os.kill(supervisor, signal.SIGKILL)
+        assert wait_until(lambda: os.path.exists(locked))  # the supervisor's lock, taken
+        result = the_next_supervisor(home)
+        assert len(left) == 1 and "ended /%s/%s, a run whose supervisor was killed: 2 process" % (
+            os.path.basename(home), left[0]) in result.stderr, (left, result.stderr)
+        assert wait_until(lambda: not os.path.exists(os.path.join(home, left[0])))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@needs_cgroup
+@pytest.mark.parametrize("first, then", [(OTHER_TIME_NAMESPACE, []), ([], OTHER_TIME_NAMESPACE)],
+                         ids=["run-in-timens", "next-in-timens"])
+def test_a_live_run_is_never_ended_from_another_time_namespace(paths, home, first, then):
+    """Two supervisors in one cgroup home, one in a time namespace whose
+    boot time is a day off: a start time in /proc/PID/stat is given in the
+    reader's boot time, so the other's maker read as dead and its live run
+    was ended (cgroup.kill: 125, or 137 "confirmed", 5 of 5 both ways). The
+    maker's lock says it lives, in any namespace: left alone."""
+    proc = spawn(in_cgroup(home, list(first) + supervisor_cmd(*paths.options(timeout=300) + CGROUP + [
+        "--", "sh", "-c", "echo started; exec sleep 300"])))
+    try:
+        read_lines_until(proc.stdout, "started")
+        result = the_next_supervisor(home, then)
+        assert result.returncode == 0 and "ended" not in result.stderr, result.stderr
+        assert proc.poll() is None
+        os.kill(supervisor_below(proc.pid), signal.SIGTERM)  # (unshare passes nothing on)
+        status, _, err = finish(proc)
+        assert status == 143 and read_receipt(paths.receipt)["cleanup_confirmed"] is True, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @needs_cgroup
@@ -585,10 +649,20 @@ def test_a_forged_leftover_holding_an_older_process_is_left_alone(home):
     namespace = os.readlink("/proc/self/ns/pid")
     victim = spawn(["sleep", "300"])
     start = int(open("/proc/%d/stat" % victim.pid).read().rsplit(")", 1)[1].split()[19])
+    # Older than the cgroups to come by more than a tick or two (the slack).
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert wait_until(lambda: time.clock_gettime(time.CLOCK_BOOTTIME) - start / ticks > 0.2)
+    gone = spawn(["true"])
+    gone.wait()
+    dead = gone.pid
     forged = []
     try:
+        # The mark as it is now; as 3.2 wrote it, naming a maker that started
+        # after the process, or one that started at boot (start time 0, a
+        # dead pid: nothing older than it, and it passed; #37).
         for name, mark in (("treereap-1-deadbeef", b"run"),
-                           ("treereap-2-deadbeef", b"run 2 %d %s" % (start + 100, namespace.encode()))):
+                           ("treereap-2-deadbeef", b"run 2 %d %s" % (start + 100, namespace.encode())),
+                           ("treereap-3-deadbeef", b"run %d 0 %s" % (dead, namespace.encode()))):
             forged.append(os.path.join(home, name))
             os.mkdir(forged[-1])
             os.setxattr(forged[-1], "trusted.treereap", mark)
