@@ -123,6 +123,9 @@ RECEIPT_SCHEMA_VERSION = 6
 # name of at most 15 bytes: its size is bounded by construction. `preserved`
 # is never cut: the owner ends what was kept by it.
 _LIST_LIMIT = 1000
+# The room a receipt's lists take at most (an entry is at most 234 bytes as
+# written), its other keys, and the summary's 4 KiB: reserved at the start.
+_RECEIPT_ROOM = 3 * _LIST_LIMIT * 256 + (16 << 10) + (4 << 10)
 # A census of what is alive, for `survivors` when the run is not confirmed.
 _CENSUS_LIMIT = 0.5
 # Signals left pending for a finished run that supervise() discards before
@@ -2783,7 +2786,9 @@ def _checked_plan(command, values):
     _check_limits(plan)
     # test_clients.py::test_from_the_root_directory_any_receipt_path_is_accepted
     fence = None if plan.workdir == "/" and not given else plan.workdir
-    target = _receipt_target(plan.receipt, fence) if plan.receipt is not None else None
+    room = _RECEIPT_ROOM + 2 * len(_json([_text(a) for a in plan.command + [
+        plan.workdir, plan.output or "", plan.receipt or ""]]))
+    target = _receipt_target(plan.receipt, fence, room) if plan.receipt is not None else None
     try:
         _check_workdir(plan.workdir)
         if plan.user is not None:
@@ -2872,14 +2877,14 @@ def _check_workdir(workdir):
         raise UsageError("--workdir: cannot enter %s (permission denied)" % workdir)
 
 
-def _receipt_target(path, fence):
+def _receipt_target(path, fence, room=0):
     """The receipt's target (the earlier receipt removed), refused when it
     cannot be written, or when it would land in the workdir `fence` or below
     it: the directory held open, as the kernel names it, against the
     workdir's real path (symlinks and `..` as the kernel resolves them; a
     bind mount of the workdir elsewhere is not seen)."""
     try:
-        target = _ReceiptTarget(path)
+        target = _ReceiptTarget(path, room)
     except OSError as e:
         raise UsageError("--receipt: %s: %s" % (e.filename or path, _os_error_text(e)))
     if fence is not None and (target.directory.rstrip("/") + "/").startswith(
@@ -4407,8 +4412,8 @@ class _ReceiptTarget(_HoldsFd):
     or a whole one. A writer killed mid-write leaves its temporary file, a
     hidden name that is never read as a receipt."""
 
-    def __init__(self, path):
-        self.path = _absolute(path, "--receipt")
+    def __init__(self, path, room=0):
+        self.path, self.room = _absolute(path, "--receipt"), None
         directory, self.name = os.path.split(self.path)
         self.missing = []
         while True:
@@ -4433,9 +4438,26 @@ class _ReceiptTarget(_HoldsFd):
             # test_hostile.py::test_writing_receipts_leaks_no_descriptor
             os.close(self._temporary())  # now: a directory we may not write is refused
             _ignoring(OSError, os.unlink, self.temporary, dir_fd=self.fd)
+            if room:
+                self._reserve(room)
         except BaseException as e:
             self.close()
             raise _path_error(e, self.path) if isinstance(e, OSError) else e
+
+    def _reserve(self, size):
+        """Room for the receipt (and a summary beside it), taken at the start:
+        an unnamed file (O_TMPFILE: the kernel frees it however we end) of
+        that size in its directory, given back just before the receipt is
+        written, once the run is over: a command that fills the disk cannot
+        cost the receipt (test_run.py::test_a_command_that_fills_the_disk_
+        cannot_cost_the_receipt). None where the filesystem makes no unnamed
+        file (NFS, 9p; overlayfs before Linux 6.6)."""
+        try:
+            self.room = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600,
+                                dir_fd=self.fd)
+        except OSError:
+            return
+        os.posix_fallocate(self.room, 0, size)  # (ENOSPC: refused, naming the receipt)
 
     def remove_stale(self):
         """Remove an earlier receipt: from now on, no receipt at the path means
@@ -4460,6 +4482,7 @@ class _ReceiptTarget(_HoldsFd):
 
     def write(self, receipt):
         data = (_json(receipt) + "\n").encode("ascii")
+        self.close(room_only=True)
         try:
             self._make_missing()
             fd, temporary = self._temporary(), self.temporary
@@ -4479,6 +4502,13 @@ class _ReceiptTarget(_HoldsFd):
                 os.fsync(self.fd)
         except OSError as e:
             raise _path_error(e, self.path)
+
+    def close(self, room_only=False):
+        if self.room is not None:
+            os.close(self.room)
+            self.room = None
+        if not room_only:
+            _HoldsFd.close(self)
 
     def _temporary(self):
         """A new file under a name nobody can guess, beside the receipt."""

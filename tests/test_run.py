@@ -464,22 +464,37 @@ def test_a_reader_sees_no_receipt_or_a_whole_one(paths):
     assert [p.name for p in paths.receipt.parent.iterdir()] == ["receipt.json"]
 
 
-def test_a_failed_receipt_write_is_125_and_leaves_no_temporary_file(tmp_path, paths):
-    """The receipt's filesystem fills up during the run: the write fails late."""
+@pytest.mark.parametrize("size", ["4m", "64k"])
+def test_a_command_that_fills_the_disk_cannot_cost_the_receipt(tmp_path, paths, size):
+    """The workdir and the receipt on one small filesystem (a sandbox's /tmp),
+    and the command fills it: the receipt's write failed (125, no receipt),
+    though the run was drained and confirmed. Its room (bounded: the lists'
+    caps, the plan's texts, the summary) is taken before the command starts,
+    and given back for the receipt. A filesystem without that room refuses
+    the run at once, naming --receipt; nothing starts, nothing is left."""
     if not IS_ROOT:
         pytest.skip("needs root to mount a small tmpfs")
     mount = tmp_path / "small"
     mount.mkdir()
-    subprocess.check_call(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)])
+    subprocess.check_call(["mount", "-i", "-t", "tmpfs", "-o", "size=" + size, "tmpfs",
+                           str(mount)])
     try:
-        paths.receipt = mount / "receipt.json"
-        fill = "head -c 1048576 /dev/zero > %s/filler 2>/dev/null; exit 0" % mount
+        paths.receipt, paths.work = mount / "receipt.json", mount / "work"
+        paths.work.mkdir()
+        fill = "head -c 16777216 /dev/zero > filler 2>/dev/null; exit 0"
         result = run_supervisor(*paths.options() + ["--", "sh", "-c", fill])
-        assert result.returncode == 125
-        assert "--receipt" in result.stderr and "No space left" in result.stderr
-        assert sorted(p.name for p in mount.iterdir()) == ["filler"]
+        if size == "64k":
+            assert result.returncode == 125 and result.stderr.count("\n") == 1, result.stderr
+            assert "--receipt" in result.stderr and "No space left" in result.stderr
+            assert sorted(p.name for p in mount.iterdir()) == ["work"]
+            assert list(paths.work.iterdir()) == []
+        else:
+            assert result.returncode == 0, result.stderr
+            assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
+            assert (paths.work / "filler").stat().st_size > 3 << 20  # all it could have
+            assert sorted(p.name for p in mount.iterdir()) == ["receipt.json", "work"]
     finally:
-        subprocess.check_call(["umount", str(mount)])
+        subprocess.check_call(["umount", "-i", str(mount)])
 
 
 # --- The API ---------------------------------------------------------------------------------
