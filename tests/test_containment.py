@@ -342,6 +342,15 @@ def test_a_forged_kept_cgroup_is_left_alone(paths, tmp_path):
         os.rmdir(other)
 
 
+def argv0(pid):
+    """pid's argv[0] (b"" when it has none: a zombie, or gone)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")[0]
+    except OSError:
+        return b""
+
+
 def in_the_runs_cgroup(script):
     """script, as a command that knows its cgroup's directory ($cg)."""
     return ["sh", "-c", "cg=%s$(sed -n 's/^0:://p' /proc/self/cgroup); %s" % (CGROUP_ROOT, script)]
@@ -508,9 +517,12 @@ def test_a_flock_on_a_run_killed_in_another_pid_namespace_does_not_keep_it_alive
         return [n for n in os.listdir(home) if n.startswith("treereap-")
                 and not n.endswith(".supervisor")]
     try:
-        # flock and sleep in the run's cgroup: flock waits for its supervisor's lock.
-        assert wait_until(lambda: len(runs()) == 1 and len(open(os.path.join(
-            home, runs()[0], "cgroup.procs")).read().split()) == 2)
+        # flock waits for its supervisor's lock (and sh has run it: the stop
+        # signal, the command's at the supervisor's death, would end sh first).
+        def flock_waits():
+            with open(os.path.join(home, runs()[0], "cgroup.procs")) as f:
+                return any(argv0(int(pid)) == b"flock" for pid in f.read().split())
+        assert wait_until(lambda: len(runs()) == 1 and flock_waits())
         left = runs()
         supervisor = supervisor_below(proc.pid)
         os.kill(supervisor, signal.SIGKILL)
