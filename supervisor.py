@@ -283,8 +283,44 @@ class ObservationError(SupervisorError):
 
 
 # The receipt: a dict, its keys in the order of _receipt() (every key and its
-# type: docs/reference.md, "The receipt"; tests/test_docs.py holds them to it).
-CleanupReceipt = dict
+# type: docs/reference.md, "The receipt"; tests/test_docs.py holds them to it),
+# declared as a TypedDict for type checkers. typing costs milliseconds at each
+# start: at run time the TypedDict is made when first asked for (__getattr__).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, TypedDict  # noqa: F401
+else:
+    def TypedDict(name, fields):  # (its fields alone, until asked for)
+        return fields
+CleanupReceipt = TypedDict("CleanupReceipt", {
+    "schema_version": "int", "supervisor_version": "str", "python_version": "str",
+    "command": "List[str]", "workdir": "str", "pid": "Optional[int]", "supervisor_pid": "int",
+    "namespaces": "Dict[str, str]", "started_at": "str", "ended_at": "str",
+    "duration_s": "float", "timeout_s": "float", "cleanup_timeout_s": "float", "policy": "str",
+    "stop_signal": "Optional[str]", "stop_reason": "str", "signal": "Optional[str]",
+    "oom_killed_by": "Optional[str]", "timed_out": "bool", "return_code": "Optional[int]",
+    "exit_status": "int", "cleanup_confirmed": "bool", "cleanup_s": "float",
+    "ladder": "List[Dict[str, Any]]", "containment": "str", "cgroup": "Optional[str]",
+    "kept_cgroup": "Optional[str]", "cgroup_unavailable": "Optional[str]",
+    "user": "Optional[Dict[str, int]]", "preserved": "List[Dict[str, Any]]",
+    "survivors": "List[Dict[str, Any]]", "survivors_count": "Optional[int]",
+    "unattributed": "List[Dict[str, Any]]", "drained": "List[Dict[str, Any]]",
+    "drained_count": "int", "usage": "Dict[str, Any]", "limits": "Optional[Dict[str, Any]]",
+    "output": "Optional[Dict[str, Any]]", "error": "Optional[str]"})
+if not TYPE_CHECKING:  # (3.6 has no module __getattr__: a dict there)
+    _RECEIPT_FIELDS, CleanupReceipt = CleanupReceipt, dict
+    if sys.version_info >= (3, 7):
+        del CleanupReceipt, TypedDict
+
+
+def __getattr__(name):
+    """CleanupReceipt, made when first asked for (PEP 562): a TypedDict whose
+    types are typing's names, as strings; a dict on 3.7, which has none."""
+    if name != "CleanupReceipt":
+        raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    import typing
+    made = globals()[name] = getattr(typing, "TypedDict", lambda *_: dict)(name, _RECEIPT_FIELDS)
+    return made
 
 
 # --- Linux primitives -----------------------------------------------------------------------------
@@ -2738,6 +2774,7 @@ class _Plan(object):
 def _checked(kind, value, name):
     """An option's value, checked: from the command line a string, from the
     API a string or the value itself. None stays None (not given)."""
+    value = _fspath(value) if kind == "path" else value
     if kind in ("path", "text", "pid", "size", "count", "seconds") and value is None:
         return value
     if value is None:
@@ -2840,13 +2877,18 @@ def _check_command(command):
                          % (command,))
     if not command:
         raise UsageError("command: the argv list is empty")
-    command = list(command)
+    command = [_fspath(arg) for arg in command]
     for arg in command:
         if not isinstance(arg, (str, bytes)):
             raise UsageError("command: arguments must be strings, not %r" % (arg,))
         if ("\0" if isinstance(arg, str) else b"\0") in arg:
             raise UsageError("command: %r holds a NUL byte" % (arg,))
     return command
+
+
+def _fspath(value):
+    """A path as the standard library takes one: a str, or an os.PathLike's."""
+    return os.fspath(value) if hasattr(value, "__fspath__") else value
 
 
 def _current_directory():
@@ -4699,7 +4741,7 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, **optio
     exit_status. The caller's signal handlers, mask and subreaper bit are
     restored when it returns.
     """
-    path = options.get("receipt")
+    path = _fspath(options.get("receipt"))
     try:
         plan, target = _checked_plan(command, _api_values(timeout, cleanup_timeout, options))
     except BaseException:
@@ -4718,17 +4760,31 @@ def supervise(command, timeout, cleanup_timeout=DEFAULT_CLEANUP_TIMEOUT, **optio
 
 
 def _api_values(timeout, cleanup_timeout, options):
-    """The API's options, checked, with the defaults of the rest."""
-    values = {}
-    if "stop_path" in options:  # the old name of stop_file
-        options["stop_file"] = options.pop("stop_path")
+    """The API's options, checked, with the defaults of the rest. Each long
+    option is a keyword too (kill_after=, signal=, preserve_descendants_on_success=True
+    as NeMo Gym's _supervise() takes it), and stop_path is stop_file's old name."""
+    values, names = {"cleanup_timeout": cleanup_timeout}, {"stop_path": "stop_file"}
     for flags, keyword, kind, default, api, _ in _OPTIONS:
         if api:
             values.setdefault(keyword, default)
-    for keyword in options:
-        if keyword not in values:
-            raise UsageError("supervise() has no option %r" % keyword)
-    values.update(options, timeout=timeout, cleanup_timeout=cleanup_timeout)
+            names.update((flag[2:].replace("-", "_"), keyword) for flag in flags + (
+                "--" + keyword,) if flag[:2] == "--")
+    given = {}
+    for name, value in options.items():
+        if name not in names:
+            import difflib  # (a mistake's cost alone)
+            raise UsageError("supervise() has no option %r%s" % (name, "".join(
+                "; did you mean %s?" % n for n in difflib.get_close_matches(name, names, 1))))
+        keyword = names[name]
+        if keyword == "policy" and name != keyword:  # drain_all, preserve_..._success: flags
+            if not value:
+                continue
+            value = name.replace("_", "-")
+        if given.get(keyword, value) != value or keyword == "cleanup_timeout" and (
+                cleanup_timeout != DEFAULT_CLEANUP_TIMEOUT):
+            raise UsageError("supervise(): %s given twice (as %s)" % (keyword, name))
+        given[keyword] = value
+    values.update(given, timeout=timeout)
     kinds = dict((row[1], row[2]) for row in _OPTIONS)
     return dict((keyword, _checked(kinds[keyword], value, keyword))
                 for keyword, value in values.items())

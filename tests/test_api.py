@@ -217,3 +217,68 @@ def test_end_kept_refuses_a_receipt_of_other_namespaces(paths, tmp_path):
             assert "another namespace" in ended.stderr and alive(kept[0])
     finally:
         kill_all(kept)
+
+
+def test_supervise_takes_os_pathlike_for_every_path_and_in_argv(paths, tmp_path):
+    """NeMo Gym's _supervise() passes stop_path as a pathlib.Path: every path
+    the API takes, and any argument of the command, may be an os.PathLike."""
+    script = tmp_path / "script.sh"
+    script.write_text("echo ran > marker; echo out\n")
+    code = ("import pathlib, supervisor as s\n"
+            "P = pathlib.Path\n"
+            "r = s.supervise(['sh', P(%r)], 30, workdir=P(%r), receipt=P(%r), stop_path=P(%r), "
+            "output=P(%r), summary=P(%r))\n"
+            "print(r['return_code'], r['command'][1], r['workdir'])\n" % (
+                str(script), str(paths.work), str(paths.receipt), str(tmp_path / "stop"),
+                str(tmp_path / "out.log"), str(tmp_path / "summary")))
+    out = run_python(code).stdout.split()
+    assert out == ["0", str(script), str(paths.work)]
+    assert read_receipt(paths.receipt)["cleanup_confirmed"] is True
+    assert (paths.work / "marker").exists() and (tmp_path / "out.log").read_text() == "out\n"
+    assert (tmp_path / "summary").exists()
+
+
+def test_every_long_option_is_a_keyword_and_a_wrong_one_names_the_nearest(paths):
+    """kill_after= and cleanup_timeout, signal= and stop_signal,
+    preserve_descendants_on_success=True (NeMo Gym's keyword) and policy;
+    a keyword given twice under two names is refused; an unknown one names
+    the nearest."""
+    code = ("import supervisor as s\n"
+            "r = s.supervise(['sh', '-c', 'setsid -f sleep 300 >/dev/null 2>&1'], 30, kill_after=4,"
+            " signal='INT', preserve_descendants_on_success=True, workdir=%r)\n"
+            "print(r['cleanup_timeout_s'], r['policy'], r['stop_signal'], "
+            "' '.join(str(p['pid']) for p in r['preserved']))\n"
+            "for kwargs in (dict(preserve_descendents_on_success=True), dict(kill_after=3, "
+            "cleanup_timeout=4), dict(policy='drain-all', preserve_descendants_on_success=True), "
+            "dict(stop_sigal='INT')):\n"
+            "    try:\n"
+            "        s.supervise(['true'], 5, workdir=%r, **kwargs)\n"
+            "    except s.UsageError as e:\n"
+            "        print('refused:', e)\n" % (str(paths.work), str(paths.work)))
+    lines = run_python(code).stdout.splitlines()
+    timeout, policy, stop_signal, *kept = lines[0].split()
+    kill_all([int(pid) for pid in kept])
+    assert (timeout, policy, len(kept)) == ("4.0", "preserve-descendants-on-success", 1), lines
+    assert lines[1:] == [
+        "refused: supervise() has no option 'preserve_descendents_on_success'; did you mean "
+        "preserve_descendants_on_success?",
+        "refused: supervise(): cleanup_timeout given twice (as kill_after)",
+        "refused: supervise(): policy given twice (as preserve_descendants_on_success)",
+        "refused: supervise() has no option 'stop_sigal'; did you mean stop_signal?"], lines
+
+
+def test_cleanup_receipt_is_a_typeddict_made_when_asked_for(paths):
+    """Importing supervisor imports no typing (it costs milliseconds at each
+    start); asked for, CleanupReceipt is a TypedDict (3.8 on) whose keys are
+    the receipt's."""
+    code = ("import sys, json, supervisor as s\n"
+            "print('typing' in sys.modules)\n"
+            "R = s.CleanupReceipt\n"
+            "import typing\n"
+            "print(getattr(typing, 'is_typeddict', lambda t: None)(R))\n"
+            "r = s.supervise(['true'], 30, workdir=%r)\n"
+            "print(json.dumps([sorted(R.__annotations__), sorted(r)]))\n" % str(paths.work))
+    lines = run_python(code).stdout.splitlines()
+    assert lines[0] == "False" and lines[1] in ("True", "None")
+    declared, written = json.loads(lines[2])
+    assert declared == written
