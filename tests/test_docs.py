@@ -460,3 +460,58 @@ def test_the_readmes_receipt_keys_are_the_references():
     keys = set(key for cell in table_rows("README.md", "## The receipt")
                for key in re.findall(r"`([a-z_]+)`", cell))
     assert len(keys) >= 8 and keys - set(receipt_table()) == set()
+
+
+# --- The figures the documents give are the code's ----------------------------------------------
+
+# (a regex whose group is a figure, in text with its whitespace collapsed;
+# the constant of supervisor.py it must equal). Each must match somewhere.
+FIGURES = [
+    (r"[tT]imeout \+ (\d+) ?[x×] ?cleanup(?:_timeout)?", "CLEANUP_PHASE_COUNT"),
+    (r"[tT]imeout \+ \d+ ?[x×] ?cleanup(?:_timeout)? \+ (\d+) s", "EXEC_TIMEOUT_SLACK"),
+    (r"exec_timeout\(0, (?:cleanup_timeout|k)\)`? = (\d+) ?[x×]? ?(?:k|cleanup)", "CLEANUP_PHASE_COUNT"),
+    (r"exec_timeout\(0, (?:cleanup_timeout|k)\)`? = \d+ ?[x×]? ?(?:k|cleanup) \+ (\d+) s",
+     "EXEC_TIMEOUT_SLACK"),
+    (r"within ([\d.]+) s is the same request|the same one after ([\d.]+) s", "_STOP_BURST"),
+    (r"within (\d+) s wherever|look by path every (\d+) s|Every (\d+) s \(while the command runs"
+     r"|noticed within (\d+) s", "_STOP_FILE_CHECK_INTERVAL"),
+    (r"(?:does not|must) answer within (\d+) s", "_STOP_FILE_ANSWER"),
+    (r"at most ([\d,]+) entries|stop at ([\d,]+) entries", "_LIST_LIMIT"),
+    (r"`--summary PATH` \|[^|]*?[Aa]t most (\d+) KiB", "_SUMMARY_LIMIT", 1024),
+]
+
+
+def test_every_figure_the_documents_give_is_the_codes():
+    import supervisor
+    texts = dict((path, re.sub(r"\s+", " ", text_of(path))) for path in CURRENT)
+    for row in FIGURES:
+        pattern, constant, unit = (row + (1,))[:3]
+        value = getattr(supervisor, constant)
+        found = [(path, next(g for g in m.groups() if g)) for path, text in texts.items()
+                 for m in re.finditer(pattern, text)]
+        assert found, "no document gives %s: %s" % (constant, pattern)
+        wrong = [(path, figure) for path, figure in found
+                 if float(figure.replace(",", "")) * unit != value]
+        assert wrong == [], "%s is %r; the documents say %s" % (constant, value, wrong)
+
+
+def test_every_exec_timeout_a_document_works_out_is_the_functions():
+    """`exec_timeout(1800, 20) = 1890`, `exec_timeout(0, 3) = 39 s`,
+    `3 × 10 + 30 = 60`: the sums the documents give, worked out again."""
+    import supervisor
+    calls = re.compile(r"exec_timeout\((\d+), (\d+)\)`? = ([\d,]+)")
+    sums = re.compile(r"\b(\d+) ?[×x] ?(\d+) \+ (\d+) = ([\d,]+)")
+    found = 0
+    for path in CURRENT:
+        text = re.sub(r"\s+", " ", text_of(path))
+        for timeout, cleanup, said in calls.findall(text):
+            found += 1
+            assert supervisor.exec_timeout(float(timeout), float(cleanup)) == float(
+                said.replace(",", "")), (path, timeout, cleanup, said)
+        for count, cleanup, slack, said in sums.findall(text):
+            found += 1
+            assert (int(count), int(slack)) == (supervisor.CLEANUP_PHASE_COUNT,
+                                                supervisor.EXEC_TIMEOUT_SLACK), (path, said)
+            assert int(count) * int(cleanup) + int(slack) == int(said.replace(",", "")), (
+                path, count, cleanup, slack, said)
+    assert found >= 4
