@@ -3,7 +3,14 @@ CHANGELOG.md and every docs/*.md are read, each markdown link
 `[text](target)` that is not http(s) or mailto is followed, and the test
 fails when the target file does not exist or, for `file.md#anchor` and
 `#anchor`, when the anchor is not the GitHub slug of a heading of that file.
-Links inside fenced code blocks and inline code are not links."""
+Links inside fenced code blocks and inline code are not links.
+
+And the docs in one voice (#38): no current document (the README, docs/)
+describes a rule the old way (RETIRED: each retired phrasing beside the rule
+that replaced it), names a test that does not exist, or an option that
+`--help` does not know; every option has a row in the reference's table,
+whose defaults, and --help's, are the parser's; the README's exit statuses
+and receipt keys are the reference's."""
 import glob
 import os
 import re
@@ -195,3 +202,316 @@ def test_every_key_a_receipt_holds_is_documented(paths, tmp_path):
             missing = [key for key in each if '"%s"' % key not in meaning
                        and "`%s`" % key not in meaning]
             assert missing == [], "%s: %s written, not in its row" % (where, missing)
+
+
+# --- The docs in one voice ------------------------------------------------------------------------
+#
+# A rule the code changed must not be described the old way anywhere. The
+# documents a user reads for what holds now: the README and docs/ (the
+# CHANGELOG is history: it says what each version did, old rules included).
+
+CURRENT = [path for path in DOCUMENTS if path != "CHANGELOG.md"]
+
+# Retired phrasings: (a regex no current document may match, the rule that
+# replaced it, where that rule is stated). Add a row whenever a rule changes.
+RETIRED = [
+    (r"(?i)\bend(?:s|ed)?\b[^.|]{0,80}\bminute old",
+     "a killed supervisor's run is ended by the next supervisor at once (3.2.0); only an "
+     "unmarked, empty cgroup waits 60 s to be removed",
+     "docs/reference.md#containment"),
+    (r"(?i)maker's pid,? (?:and )?start time|mark's pid and start time"
+     r"|pid, start time and PID namespace",
+     "whether a cgroup's maker lives is its flock on the cgroup's cgroup.kill, from any PID or "
+     "time namespace; marks are one word (b53cd13, #37 items 2-4)",
+     "docs/reference.md#containment"),
+    (r"(?i)started before its maker did",
+     "a leftover run is left alone when it holds a process that started before the cgroup "
+     "last changed (st_ctime), not before its maker (#37 item 3: start time 0 passed)",
+     "docs/reference.md#containment"),
+    (r"(?i)disk the receipt shares \(then no receipt",
+     "the receipt's room is reserved at the start: a full disk cannot cost it, but where the "
+     "filesystem makes no unnamed file (dfeea73, #37 item 6)",
+     "docs/reference.md#the-receipt"),
+    (r"(?i)README'?s controller recipe|controller removes it before each launch",
+     "the controller's recipe is in docs/recipes.md, and it launches only where no receipt is "
+     "(it refuses a session directory used before; #38 item 2)",
+     "docs/recipes.md#an-rl-controller-nemo-gym"),
+    (r"(?i)kill -TERM \"\$\(cat",
+     "a recipe never signals a pid read from a file: as root it may be anybody's by then; the "
+     "stop file alone stops the run (#38 item 2)",
+     "docs/recipes.md#an-rl-controller-nemo-gym"),
+]
+
+
+def text_of(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()
+
+
+def test_the_retired_table_is_sound():
+    for pattern, rule, where in RETIRED:
+        re.compile(pattern)
+        name, _, anchor = where.partition("#")
+        assert os.path.exists(os.path.join(ROOT, name)) and anchor in anchors(name), where
+        assert not re.search(pattern, rule), "the new rule matches its own retired phrasing"
+
+
+@pytest.mark.parametrize("path", CURRENT)
+def test_no_rule_is_described_the_old_way(path):
+    text, found = text_of(path), []
+    for pattern, rule, where in RETIRED:
+        for match in re.finditer(pattern, text):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append("%s:%d: %r: now %s (%s)" % (path, line, match.group(0), rule, where))
+    assert found == [], "described the old way:\n" + "\n".join(found)
+
+
+# Every test a document names exists: a test renamed when its rule changed
+# leaves the old name behind, with the old rule beside it.
+TEST_NAME = re.compile(r"\btest_\w+")
+
+
+def defined_tests():
+    names = set()
+    for path in glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True):
+        names.add(os.path.basename(path)[:-3])
+        with open(path) as f:
+            names.update(re.findall(r"^\s*def (test_\w+)", f.read(), re.M))
+    return names
+
+
+@pytest.mark.parametrize("path", CURRENT)
+def test_every_test_a_document_names_exists(path):
+    known = defined_tests()
+    missing = sorted(set(name for name in TEST_NAME.findall(text_of(path)) if name not in known))
+    assert missing == [], "%s names tests that do not exist: %s" % (path, missing)
+
+
+# --- Options: the documents, --help and the parser say the same --------------------------------
+
+def help_text():
+    import subprocess
+    from conftest import PY, SOURCE
+    result = subprocess.run([PY, SOURCE, "--help"], stdout=subprocess.PIPE,
+                            universal_newlines=True, timeout=60)
+    assert result.returncode == 0
+    return result.stdout
+
+
+LONG_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+# Options the documents name that are not ours: {option: the tool}. An option
+# of our own scripts is checked against that script's --help.
+OTHER_TOOLS = {
+    "--cap-add": "docker run", "--init": "docker run", "--name": "docker run",
+    "--privileged": "docker run", "--rm": "docker run", "--security-opt": "podman run",
+    "--rootfs": "podman run", "--format": "podman inspect", "--cgroup": "runc/crun exec",
+    "--fork": "unshare", "--kill-child": "unshare", "--pid": "unshare",
+    "--mount-proc": "unshare", "--scope": "systemd-run",
+    "--check": "scripts/build_pyz.py",
+    "--coverage": "scripts/bench.py", "--json": "scripts/bench.py", "--nemo": "scripts/bench.py",
+    "--only": "scripts/bench.py", "--python": "scripts/bench.py", "--pyz": "scripts/bench.py",
+    "--quick": "scripts/bench.py",
+}
+# Options that are gone: the parser refuses each, saying so (and what to use).
+RETIRED_OPTIONS = {"--keep-services": "is gone", "--foreground": "is not supported"}
+
+
+def test_every_option_a_document_names_exists():
+    ours = set(LONG_OPTION.findall(help_text()))
+    unknown = {}
+    for path in CURRENT:
+        for option in LONG_OPTION.findall(text_of(path)):
+            if option not in ours and option not in OTHER_TOOLS and option not in RETIRED_OPTIONS:
+                unknown.setdefault(option, set()).add(path)
+    assert unknown == {}, "options no --help knows (renamed? another tool's: OTHER_TOOLS): %s" % (
+        sorted((option, sorted(paths)) for option, paths in unknown.items()))
+    assert not ours & set(OTHER_TOOLS), "an option of ours listed as another tool's"
+
+
+def test_the_options_of_our_scripts_that_the_documents_name_exist():
+    import subprocess
+    from conftest import PY
+    for script in sorted(set(t for t in OTHER_TOOLS.values() if t.startswith("scripts/"))):
+        result = subprocess.run([PY, os.path.join(ROOT, script), "--help"],
+                                stdout=subprocess.PIPE, universal_newlines=True, timeout=120)
+        named = [o for o, tool in OTHER_TOOLS.items() if tool == script]
+        missing = [o for o in named if o not in LONG_OPTION.findall(result.stdout)]
+        assert result.returncode == 0 and missing == [], (script, missing)
+
+
+def test_every_retired_option_is_refused_saying_so(tmp_path):
+    from conftest import run_supervisor
+    for option, says in RETIRED_OPTIONS.items():
+        result = run_supervisor(option, "--timeout", "5", "--", "true", cwd=str(tmp_path))
+        assert result.returncode == 125 and "%s %s" % (option, says) in result.stderr, (
+            option, result.stderr)
+
+
+def options_table():
+    """{option: the row's meaning} of docs/reference.md's options table,
+    for every flag the row's first cell names (`--cleanup-timeout
+    DURATION`, `-k`, `--kill-after`)."""
+    section = text_of("docs/reference.md").split("\n## Options\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| `-"):
+            first, meaning = line[2:].split(" | ", 1)
+            for flag in re.findall(r"`(--?[\w-]+)", first):
+                rows[flag] = meaning
+    return rows
+
+
+def test_every_option_has_a_row_in_the_reference_and_every_row_an_option():
+    ours = set(flag for line in help_text().splitlines() if re.match(r"  -", line)
+               for flag in re.findall(r"(?<![\w-])--?[a-zA-Z][\w-]*", line))
+    rows = set(options_table())
+    assert ours - rows == set(), "in --help, no row in the reference's options table"
+    assert rows - ours == set(RETIRED_OPTIONS), "a row for an option --help does not have"
+
+
+# How the reference's options table and --help state a default.
+STATED_DEFAULT = [
+    re.compile(r"\(default:? `?([\w.]+)`?[),]"),    # (default 10), (default `TERM`)
+    re.compile(r"`(\w+)`, the default\b"),          # (`auto`, the default)
+]
+
+
+def parser_defaults():
+    """{flag: the parser's default} for every option that has a value of
+    its own (flags and policies state none)."""
+    import supervisor
+    found = {}
+    for flags, keyword, kind, default, _, _ in supervisor._OPTIONS:
+        if default is not None and kind != "flag" and keyword != "policy":
+            for flag in flags:
+                found[flag] = default
+    return found
+
+
+def same(stated, default):
+    try:
+        return float(stated) == float(default)
+    except (TypeError, ValueError):
+        return str(stated) == str(default)
+
+
+def test_every_default_the_reference_states_is_the_parsers():
+    rows, defaults, checked = options_table(), parser_defaults(), []
+    for flag, default in defaults.items():
+        if flag not in rows:
+            continue
+        stated = [m.group(1) for pattern in STATED_DEFAULT for m in pattern.finditer(rows[flag])]
+        assert stated, "the reference's row for %s states no default (the parser's: %r)" % (
+            flag, default)
+        assert all(same(s, default) for s in stated), (flag, stated, default)
+        checked.append(flag)
+    assert {"--cleanup-timeout", "--signal", "--containment"} <= set(checked)
+
+
+def test_every_default_help_states_is_the_parsers():
+    """--help gives a default in parentheses at the start of its text's
+    last clause: (10), (TERM; ...), (auto)."""
+    import supervisor
+    text = help_text()
+    for flags, keyword, kind, default, _, _ in supervisor._OPTIONS:
+        if default is None or kind == "flag" or keyword == "policy":
+            continue
+        entry = text.split("  " + ", ".join(sorted(flags, key=len)), 1)
+        entry = entry[1] if len(entry) == 2 else text.split(flags[-1], 1)[1]
+        entry = entry.split("\n  -", 1)[0]
+        stated = re.findall(r"\((\w+)[;)]", entry)
+        if isinstance(kind, tuple) and set(kind) <= set(stated):
+            continue  # each value named in turn, none as the default (the reference says it)
+        assert stated and same(stated[0], default), (flags, stated, default)
+
+
+def test_the_grace_by_default_is_the_same_everywhere():
+    """Every "-k ... default N s" or "-k ..., N s by default" in a current
+    document gives the parser's default."""
+    import supervisor
+    pattern = re.compile(r"-k`?[^.|]{0,30}?(?:default (\d+) s|(\d+) s by default)")
+    found = [(path, m.group(1) or m.group(2)) for path in CURRENT
+             for m in pattern.finditer(text_of(path))]
+    assert found, "no document states -k's default"
+    wrong = [(path, n) for path, n in found if float(n) != supervisor.DEFAULT_CLEANUP_TIMEOUT]
+    assert wrong == []
+
+
+# --- The README's tables say what the reference's say -------------------------------------------
+
+def table_rows(path, heading):
+    """The first cells of the table in the section `heading` of path."""
+    section = text_of(path).split("\n%s\n" % heading, 1)[1].split("\n## ", 1)[0]
+    return [line.split(" | ")[0][2:] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| ---") and " | " in line][1:]
+
+
+def test_the_readmes_exit_statuses_are_the_references_and_helps():
+    def numbers(cells):
+        return set(int(n) for cell in cells for n in re.findall(r"(?<!\w)1\d\d(?![+\w])", cell))
+    readme = numbers(table_rows("README.md", "## Exit status"))
+    reference = numbers(table_rows("docs/reference.md", "## Exit status"))
+    stated = help_text().split("exit status:", 1)[1]
+    assert readme == reference == {124, 125, 126, 127, 137}
+    assert readme <= set(int(n) for n in re.findall(r"\b(1\d\d)\b", stated))
+
+
+def test_the_readmes_receipt_keys_are_the_references():
+    keys = set(key for cell in table_rows("README.md", "## The receipt")
+               for key in re.findall(r"`([a-z_]+)`", cell))
+    assert len(keys) >= 8 and keys - set(receipt_table()) == set()
+
+
+# --- The figures the documents give are the code's ----------------------------------------------
+
+# (a regex whose group is a figure, in text with its whitespace collapsed;
+# the constant of supervisor.py it must equal). Each must match somewhere.
+FIGURES = [
+    (r"[tT]imeout \+ (\d+) ?[x×] ?cleanup(?:_timeout)?", "CLEANUP_PHASE_COUNT"),
+    (r"[tT]imeout \+ \d+ ?[x×] ?cleanup(?:_timeout)? \+ (\d+) s", "EXEC_TIMEOUT_SLACK"),
+    (r"exec_timeout\(0, (?:cleanup_timeout|k)\)`? = (\d+) ?[x×]? ?(?:k|cleanup)", "CLEANUP_PHASE_COUNT"),
+    (r"exec_timeout\(0, (?:cleanup_timeout|k)\)`? = \d+ ?[x×]? ?(?:k|cleanup) \+ (\d+) s",
+     "EXEC_TIMEOUT_SLACK"),
+    (r"within ([\d.]+) s is the same request|the same one after ([\d.]+) s", "_STOP_BURST"),
+    (r"within (\d+) s wherever|look by path every (\d+) s|Every (\d+) s \(while the command runs"
+     r"|noticed within (\d+) s", "_STOP_FILE_CHECK_INTERVAL"),
+    (r"(?:does not|must) answer within (\d+) s", "_STOP_FILE_ANSWER"),
+    (r"at most ([\d,]+) entries|stop at ([\d,]+) entries", "_LIST_LIMIT"),
+    (r"`--summary PATH` \|[^|]*?[Aa]t most (\d+) KiB", "_SUMMARY_LIMIT", 1024),
+]
+
+
+def test_every_figure_the_documents_give_is_the_codes():
+    import supervisor
+    texts = dict((path, re.sub(r"\s+", " ", text_of(path))) for path in CURRENT)
+    for row in FIGURES:
+        pattern, constant, unit = (row + (1,))[:3]
+        value = getattr(supervisor, constant)
+        found = [(path, next(g for g in m.groups() if g)) for path, text in texts.items()
+                 for m in re.finditer(pattern, text)]
+        assert found, "no document gives %s: %s" % (constant, pattern)
+        wrong = [(path, figure) for path, figure in found
+                 if float(figure.replace(",", "")) * unit != value]
+        assert wrong == [], "%s is %r; the documents say %s" % (constant, value, wrong)
+
+
+def test_every_exec_timeout_a_document_works_out_is_the_functions():
+    """`exec_timeout(1800, 20) = 1890`, `exec_timeout(0, 3) = 39 s`,
+    `3 × 10 + 30 = 60`: the sums the documents give, worked out again."""
+    import supervisor
+    calls = re.compile(r"exec_timeout\((\d+), (\d+)\)`? = ([\d,]+)")
+    sums = re.compile(r"\b(\d+) ?[×x] ?(\d+) \+ (\d+) = ([\d,]+)")
+    found = 0
+    for path in CURRENT:
+        text = re.sub(r"\s+", " ", text_of(path))
+        for timeout, cleanup, said in calls.findall(text):
+            found += 1
+            assert supervisor.exec_timeout(float(timeout), float(cleanup)) == float(
+                said.replace(",", "")), (path, timeout, cleanup, said)
+        for count, cleanup, slack, said in sums.findall(text):
+            found += 1
+            assert (int(count), int(slack)) == (supervisor.CLEANUP_PHASE_COUNT,
+                                                supervisor.EXEC_TIMEOUT_SLACK), (path, said)
+            assert int(count) * int(cleanup) + int(slack) == int(said.replace(",", "")), (
+                path, count, cleanup, slack, said)
+    assert found >= 4

@@ -5,12 +5,19 @@ name in the same file, in order, in one directory) or `<!-- not run: why -->`;
 an unmarked one fails this test. Each runs in a directory of its own holding
 a copy of supervisor.py (and of scripts/build_pyz.py), as a user who has
 just copied the file would run it, with a TMPDIR of its own; and leaves
-nothing in that directory. The Kubernetes recipe's manifest is parsed, and
-its numbers checked against the stop's bound."""
+nothing in that directory. Each also runs twice in a row in one directory,
+as a user who reruns it: the second time it passes, or says what to do. No
+wait in a block is unbounded. The controller's recipe (launch, stop) is run
+as its user would: twice, after a refused launch, and launched again as the
+refusal says. The Kubernetes recipe's manifest is parsed, and its numbers
+checked against the stop's bound."""
+import filecmp
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -117,24 +124,160 @@ def test_the_example_runs_as_written(name, tmp_path):
             if line in code:
                 assert holds(result, tmp_path), (code, result.stdout, result.stderr)
     # What an example left in the background (the controller's launch) ends.
-    assert wait_until(lambda: not (session / "supervisor.pid").exists()
-                      or (session / "cleanup.json").exists())
+    assert wait_until(lambda: launch_settled(session))
     assert sorted(os.listdir(str(here))) == ["scripts", "supervisor.py"]  # nothing left there
     assert os.listdir(str(here / "scripts")) == ["build_pyz.py"]
 
 
-def test_a_second_launch_in_the_controllers_session_says_what_to_remove(tmp_path):
-    """The controller's recipe, run through (launch, stop, check), then its
-    launch again in the same session directory: nothing starts, and it says
-    which files to remove, rather than exit 0 in silence."""
+def launch_settled(session):
+    """The controller's launch claimed nothing, or its run wrote its receipt."""
+    return not os.path.lexists(str(session / "launch.claim")) or (session / "cleanup.json").exists()
+
+
+@pytest.mark.parametrize("name", sorted(GROUPS))
+def test_the_example_runs_twice_in_a_row(name, tmp_path):
+    """A user who runs an example again, in the same directory with the same
+    TMPDIR: each block passes again (the controller's second launch is
+    refused, and says what to remove: the tests below), its claims hold, and
+    nothing ends in a traceback."""
     here, env = checkout(tmp_path)
-    launch, stop = GROUPS["docs/recipes.md:controller"]
-    for language, code in (launch, stop):
-        assert run_example(language, code, here, env).returncode == 0
-    again = run_example(launch[0], launch[1], here, env)
     session = tmp_path / "tmp" / "session"
-    assert "launched before: remove %s/launch.claim" % session in again.stderr, again.stderr
-    assert not (session / "cleanup.json").exists()  # removed, and no run wrote it again
+    for round in (1, 2):
+        for language, code in GROUPS[name]:
+            result = run_example(language, code, here, env)
+            assert result.returncode == 0 and "Traceback" not in result.stderr, (
+                round, code, result.stdout, result.stderr, session_log(tmp_path))
+            for line, holds in CLAIMS:
+                if line in code:
+                    assert holds(result, tmp_path), (round, code, result.stdout, result.stderr)
+        assert wait_until(lambda: launch_settled(session))
+    assert sorted(os.listdir(str(here))) == ["scripts", "supervisor.py"]
+    assert os.listdir(str(here / "scripts")) == ["build_pyz.py"]
+
+
+# A wait in a shell block: a loop on a condition. Bounded ones count (for i
+# in $(seq N)); `until` and `while` have no bound of their own.
+UNBOUNDED_WAIT = re.compile(r"^\s*(until|while)\b", re.M)
+
+
+def test_no_wait_in_a_documented_shell_block_is_unbounded():
+    found = []
+    for document in DOCUMENTS:
+        with open(os.path.join(ROOT, document)) as f:
+            text = f.read()
+        for _, language, code in BLOCK.findall(text):
+            if language == "sh":
+                found += ["%s: %s" % (document, line.strip()) for line in code.splitlines()
+                          if UNBOUNDED_WAIT.match(line)]
+    assert found == [], "bound these waits (for i in $(seq N); do ... && break; ...; done)"
+
+
+# --- The controller's recipe, as its user runs it ------------------------------------------------
+
+def controller(tmp_path):
+    """The checkout, its environment, the session directory, and the
+    recipe's two blocks as runnable steps: launch() and stop() return the
+    finished block (text)."""
+    here, env = checkout(tmp_path)
+    (_, launch_code), (_, stop_code) = GROUPS["docs/recipes.md:controller"]
+    session = tmp_path / "tmp" / "session"
+
+    def step(code):
+        def run_it():
+            return run_example("sh", code, here, env)
+        return run_it
+    return here, env, session, step(launch_code), step(stop_code)
+
+
+def receipt_of(session):
+    return read_json(session / "cleanup.json")
+
+
+def test_the_controllers_blocks_signal_no_pid():
+    """As root a pid read from a file may be anybody's by the time it is
+    read (the run ended, or its launch was refused): the recipe stops by the
+    stop file alone, and neither block signals or writes a pid."""
+    for _, code in GROUPS["docs/recipes.md:controller"]:
+        assert not re.search(r"\bkill\b|\$\$|\.pid\b", code), code
+
+
+def test_the_controllers_launch_is_quiet_and_builds_the_pyz_once(tmp_path):
+    """All well, the launch prints nothing; the pyz is built at the first
+    launch only, and again when supervisor.py changes (--check)."""
+    here, env, session, launch, stop = controller(tmp_path)
+    pyz = tmp_path / "tmp" / "treereap.pyz"
+    first = launch()
+    assert first.returncode == 0 and first.stderr == "" and first.stdout == "", first
+    built = pyz.stat()
+    assert stop().returncode == 0
+    for name in ("launch.claim", "stop.request", "cleanup.json", "output.log"):
+        os.unlink(str(session / name))
+    again = launch()
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert (pyz.stat().st_ino, pyz.stat().st_mtime_ns) == (built.st_ino, built.st_mtime_ns)
+    assert stop().returncode == 0
+    for name in ("launch.claim", "stop.request", "cleanup.json", "output.log"):
+        os.unlink(str(session / name))
+    with open(str(here / "supervisor.py"), "a") as f:
+        f.write("# changed\n")
+    changed = launch()
+    assert changed.returncode == 0 and changed.stderr == "", changed.stderr
+    assert pyz.stat().st_mtime_ns != built.st_mtime_ns
+    assert run([PY, str(here / "scripts" / "build_pyz.py"), "-q", "--check", str(pyz)],
+               cwd=str(here)).returncode == 0  # built from the changed file
+    assert filecmp.cmp(str(pyz), str(session / "treereap.pyz"), shallow=False)  # and copied in
+    assert stop().returncode == 0
+
+
+def test_the_controllers_recipe_twice_says_what_to_remove_and_then_works_again(tmp_path):
+    """Launch, stop, launch, stop: the second launch starts nothing and names
+    every file the first left (but the pyz, which is reused); the stop after
+    it judges the first run's receipt, untouched, and signals nothing.
+    Removing what it names, the launch and the stop work again: a new run,
+    its command ran and was stopped."""
+    here, env, session, launch, stop = controller(tmp_path)
+    assert launch().returncode == 0 and stop().returncode == 0
+    first = (session / "cleanup.json").read_bytes()
+    left = sorted(os.listdir(str(session)))
+    refused = launch()
+    assert "was launched before" in refused.stderr, refused.stderr
+    named = [name for name in left if name in refused.stderr]
+    assert sorted(set(left) - set(named)) == ["treereap.pyz"], (left, refused.stderr)
+    assert "Traceback" not in refused.stderr
+    after = stop()
+    assert after.returncode == 0 and after.stderr == "", after.stderr
+    assert (session / "cleanup.json").read_bytes() == first  # no run wrote it again
+    assert sorted(os.listdir(str(session))) == left
+    for name in named:  # as told
+        os.unlink(str(session / name))
+    assert launch().stderr == ""
+    result = stop()
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    second = receipt_of(session)
+    assert (session / "cleanup.json").read_bytes() != first
+    assert second["cleanup_confirmed"] is True and second["stop_reason"] == "stop_file"
+    assert second["return_code"] == -signal.SIGTERM, second  # the command ran, and was stopped
+
+
+def test_a_launch_while_the_run_lives_is_refused_and_the_stop_ends_that_run(tmp_path):
+    """Launch, launch again before any stop, stop: the second launch starts
+    nothing and says to stop the run first; the stop ends the first run,
+    confirmed, at once (no wait for a receipt that never comes, no
+    traceback), and nothing of it is left."""
+    here, env, session, launch, stop = controller(tmp_path)
+    assert launch().returncode == 0
+    assert wait_until(lambda: "task started" in (session_log(tmp_path) or ""), timeout=60)
+    refused = launch()
+    assert "stop that run" in refused.stderr and "was launched before" in refused.stderr, \
+        refused.stderr
+    started = time.monotonic()
+    result = stop()
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert time.monotonic() - started < 30  # the receipt came: no wait ran out
+    receipt = receipt_of(session)
+    assert receipt["cleanup_confirmed"] is True and receipt["return_code"] == -signal.SIGTERM
+    assert receipt["stop_reason"] == "stop_file"
+    assert session_log(tmp_path).count("task started") == 1  # one run, the first
 
 
 def test_the_controllers_check_fails_when_the_command_never_ran(tmp_path):
