@@ -3,7 +3,8 @@
 
     python3 scripts/bench.py [--python PATH] [--json PATH] [--pairs N] [--quick]
                              [--pairs-big N] [--only P0,P1,...] [--nemo PATH]
-                             [--pyz PATH] [--coverage]
+                             [--pyz PATH] [--coverage] [--density-n N]
+                             [--density-rounds R]
 
 Takes ~14 minutes on two vCPUs (--quick: ~6). --only runs some groups, for
 development. COV (the test suite's coverage of supervisor.py) runs only when
@@ -325,6 +326,47 @@ How each row is measured
       median(supervisor) / median(the command's own) <= 1; 3 runs (--quick
       1), each beside the same trickle into cat (cat's CPU and the us per
       byte of each in the JSON).
+  P18 density, as a controller runs hundreds of sandboxes on one node:
+      --density-n N supervisors at once (default 200), each running
+      `sh -c 'setsid sleep 600 & sleep 600'` (a sleep in the command's
+      group, one in a session of its own), all given one absolute deadline;
+      three ways one after another, the order rotating over
+      --density-rounds R rounds (default 1): the pyz `PY -I treereap.pyz`
+      (as P0), the script `PY -I supervisor.py` (a copy) and NeMo Gym's
+      `PY -I process_supervisor.py` (--nemo; the row is skipped without
+      it), each with --receipt R (ours also --workdir W) and --timeout
+      DEADLINE - now, computed just before its spawn. The deadline is
+      N x 0.2 s + 11 s after the way's first spawn; the supervisors start
+      one after another, the next once the last one's command is forked
+      (its children file), so none starts among a crowd of start-ups
+      (a way that has not started all N with 11 s to spare fails the
+      bench). Beside them, 20 bare `PY -I -c "import time;
+      time.sleep(600)"`. Measured, once every tree is whole (sh and both
+      sleeps, one of them leading its own session) and 1 s more:
+        P18-rss-WAY   VmRSS of each supervisor, the median over the bare
+                      interpreters' median (max in the JSON). Checked for
+                      the pyz: <= 3.5 MiB; script and NeMo Gym's: info.
+        P18-idle-WAY  the CPU of all N together (schedstat's first field,
+                      each supervisor and its forks) from then to 1 s
+                      before the deadline, in ms per minute of waiting,
+                      and their wake-ups (schedstat's third field: times
+                      run on a CPU). Checked for ours: no wake-up at all.
+        P18-stop-WAY  from the shared deadline to the last supervisor's
+                      exit, as the bench's waitpid(-1) sees it (the bare
+                      interpreters are gone by then: only the N stop).
+                      Checked for ours: median over the rounds <= NeMo
+                      Gym's (ratio <= 1), every receipt confirmed (ours
+                      exit 124, stop_reason timeout; NeMo Gym's exit 0,
+                      timed_out), no process of the N trees alive after
+                      (the pid with its start time, not a zombie); those
+                      left are killed by pid (the bench, a subreaper,
+                      holds them). NeMo Gym's row: reference.
+      Each supervisor's own deadline falls after the shared one by its
+      start-up (spawn -> deadline taken): the JSON gives it, as the
+      command's fork time (/proc/PID/stat, 10 ms ticks) + its --timeout -
+      the shared deadline (own_deadline_lag_ms). A supervisor still
+      running 60 s after the deadline is killed (a miss). Run only this
+      row: --only P18 --nemo PATH.
   ref rows: GNU timeout / tini, when on PATH, for P1, P2 and P6 (timeout and
       tini exit when their child exits: they do not wait for the tree).
   COV statement coverage of supervisor.py by the project's test suite,
@@ -509,6 +551,20 @@ OUTPUT_LIMIT = 1.2         # the supervisor's CPU / cat's
 OUTPUT_DELAY = 0.2
 TRICKLE_SECONDS, TRICKLE_PERIOD = 8.0, 0.0002
 F_SETPIPE_SZ = 1031        # fcntl.F_SETPIPE_SZ (named there from 3.10)
+# P18: density, as a controller runs hundreds of sandboxes on one node: N
+# supervisors at once (--density-n), each a small tree in sessions of its own,
+# all given one absolute deadline, one way at a time (the pyz, the script,
+# NeMo Gym's script), in rounds whose order rotates (--density-rounds).
+DENSITY_N = 200
+DENSITY_COMMAND = ["sh", "-c", "setsid sleep 600 & sleep 600"]
+DENSITY_SPAWN_EACH = 0.2   # s of the deadline's budget for each supervisor started
+DENSITY_SETTLE = 1.0       # s after the last tree is whole before RSS is read
+DENSITY_WINDOW = 10.0      # s: the shortest idle window (the spawns' leftover budget adds to it)
+DENSITY_BARE = 20          # bare interpreters beside them: RSS's yardstick
+DENSITY_RSS_LIMIT = 3.5    # MiB over the bare interpreter, each, the pyz (issue 38)
+DENSITY_STOP_LIMIT = 1.0   # deadline -> last exit: ours / NeMo Gym's (medians of the rounds)
+DENSITY_ABORT = 60.0       # s after the deadline: a supervisor still running is a miss, killed
+DENSITY_WAYS = ("pyz", "nemo", "script")
 
 # --- Helpers written into the temporary directory, run as `PY -I -S file` ----------------
 
@@ -994,6 +1050,7 @@ class Bench(object):
         self.stderr_fd = None
         self.set_section("start")
         self.run_id = 0
+        self.density_n, self.density_rounds = DENSITY_N, 1  # P18 (main sets them)
 
     def _mkdir(self, name):
         path = os.path.join(self.tmp, name)
@@ -2758,6 +2815,270 @@ class Bench(object):
                      diff_text="ratio",
                      extra={"timeout_cpu_ms_median": median(cpu.get("timeout", []))})
 
+    # P18 --------------------------------------------------------------------------------------
+
+    def p18_density(self):
+        """P18: density. N supervisors at once, each `sh -c 'setsid sleep 600 &
+        sleep 600'`, one absolute deadline for all, the pyz, NeMo Gym's script
+        and the script in turn (rounds, the order rotating): RSS over the bare
+        interpreter each, idle CPU of all, the deadline -> the last exit,
+        receipts confirmed, processes left alive (see the docstring)."""
+        if self.nemo is None:
+            self.note("P18: no --nemo PATH: no density beside NeMo Gym's")
+            return
+        if tuple(self.python_check["version_info"][:2]) < NEMO_MIN_PYTHON:
+            self.note("P18: NeMo Gym's script needs Python %d.%d or later" % NEMO_MIN_PYTHON)
+            return
+        prefixes = {"pyz": [self.py, "-I", self.pyz_path()],
+                    "script": [self.py, "-I", self.copy_as("p18-script", SUPERVISOR)],
+                    "nemo": [self.py, "-I", self.copy_as("p18-nemo", self.nemo)]}
+        n, rounds = self.density_n, self.density_rounds
+        self.begin("P18 density: %d supervisors at once, one deadline, %d round(s) of %s"
+                   % (n, rounds, ", ".join(DENSITY_WAYS)))
+        sides = dict((way, []) for way in DENSITY_WAYS)
+        for r in range(rounds):
+            for way in DENSITY_WAYS[r % 3:] + DENSITY_WAYS[:r % 3]:
+                progress("  P18 round %d: %d x %s" % (r + 1, n, way))
+                sides[way].append(self.density_side(way, prefixes[way], n))
+        self.p18_rows(n, sides)
+
+    def density_side(self, way, prefix, n):
+        """One side of one P18 round: DENSITY_BARE bare interpreters, then n
+        supervisors started one after another (the next once the last one's
+        command is forked), each given --timeout = the shared deadline - now.
+        A dict of the figures (p18_rows reads them)."""
+        context = "P18 " + way
+        bare_argv = [self.py, "-I", "-c", "import time; time.sleep(600)"]
+        bares = [self.spawn(bare_argv) for _ in range(min(n, DENSITY_BARE))]
+        sups = {}  # pid -> {"receipt", "timeout"}
+        start = time.monotonic()
+        end = start + n * DENSITY_SPAWN_EACH + DENSITY_SETTLE + DENSITY_WINDOW
+        end_boot = time.clock_gettime(time.CLOCK_BOOTTIME) + (end - time.monotonic())
+        try:
+            for _ in range(n):
+                timeout = end - time.monotonic()
+                if timeout < DENSITY_SETTLE + DENSITY_WINDOW:
+                    raise BenchError("P18 %s: %d of %d supervisors started in %.0f s (budget "
+                                     "%g s each): the machine is too busy" % (
+                                         way, len(sups), n, time.monotonic() - start,
+                                         DENSITY_SPAWN_EACH))
+                self.run_id += 1
+                receipt = os.path.join(self.receipts, "p18-%d.json" % self.run_id)
+                argv = prefix + ["--timeout", "%.3f" % timeout]
+                if way != "nemo":
+                    argv += ["--workdir", self.work]
+                pid = self.spawn(argv + ["--receipt", receipt, "--"] + DENSITY_COMMAND)
+                sups[pid] = {"receipt": receipt, "timeout": float("%.3f" % timeout)}
+                self.density_forked(pid, context)
+            started = time.monotonic() - start
+            trees = dict((pid, self.density_tree(pid, context)) for pid in sups)
+            time.sleep(DENSITY_SETTLE)
+            kib = dict((pid, status_kib(pid, "VmRSS")) for pid in list(sups) + bares)
+            # Idle: every supervisor's CPU and wake-ups (schedstat's first and
+            # third fields), itself and any fork of its own, up to 1 s before
+            # the deadline.
+            teams = dict((pid, [pid] + forks_of(pid)) for pid in sups)
+            idle0, t0 = self.density_schedstat(teams), time.monotonic()
+            time.sleep(max(0.0, end - 1.0 - time.monotonic()))
+            idle1, t1 = self.density_schedstat(teams), time.monotonic()
+        except BaseException:
+            for pid in sups:
+                os.kill(pid, signal.SIGKILL)  # our unreaped child; the sweep ends its tree
+            raise
+        finally:
+            for pid in bares:
+                os.kill(pid, signal.SIGKILL)  # our unreaped child
+                os.waitpid(pid, 0)
+        exits = self.density_exits(sups, end, context)
+        left = self.density_left(trees)
+        self.sweep(context, expected=True, grace=0.0)
+        lags = [start_ticks / float(os.sysconf("SC_CLK_TCK")) + sups[pid]["timeout"] - end_boot
+                for pid, tree in trees.items() for start_ticks in [tree[0][1]]]
+        confirmed, statuses = 0, {}
+        for pid, (when, code) in exits.items():
+            statuses[code] = statuses.get(code, 0) + 1
+            path = sups[pid]["receipt"]
+            if way == "nemo":
+                receipt = self.nemo_receipt(path, context)
+                ok = code == 0 and receipt.get("timed_out") is True
+            else:
+                receipt = self.check_receipt(path, context, tag="P18", stop_reason="timeout",
+                                             exit_status=124) or {}
+                ok = code == 124
+            confirmed += ok and receipt.get("cleanup_confirmed") is True
+        scale = 60.0 / (t1 - t0)
+        cpu = [(idle1[pid][0] - idle0[pid][0]) / 1e6 * scale for pid in sups]
+        wakeups = sum(idle1[pid][1] - idle0[pid][1] for pid in sups)
+        mib = 1024.0
+        return {"n": n, "rss_mib": [kib[pid] / mib for pid in sups if kib[pid] is not None],
+                "bare_rss_mib": [kib[pid] / mib for pid in bares if kib[pid] is not None],
+                "idle_ms_per_min_all": sum(cpu), "idle_ms_per_min_each_median": median(cpu),
+                "idle_wakeups": wakeups, "idle_window_s": t1 - t0,
+                "last_exit_s": max(w for w, _ in exits.values()) - end if exits else float("nan"),
+                "exit_s_median": median([w - end for w, _ in exits.values()]),
+                "exited_before_deadline": sum(1 for w, _ in exits.values() if w < end),
+                "own_deadline_lag_s_median": median(lags), "own_deadline_lag_s_max": max(lags),
+                "confirmed": confirmed, "left_alive": left, "exit_statuses": statuses,
+                "started_in_s": started}
+
+    def density_forked(self, pid, context):
+        """Wait until supervisor pid has forked its command (its children file
+        names a child)."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not read_text("/proc/%d/task/%d/children" % (pid, pid)):
+            if has_exited(pid) or time.monotonic() > deadline:
+                raise BenchError("%s: a supervisor did not start its command" % context)
+            time.sleep(0.002)
+
+    def density_tree(self, pid, context):
+        """Wait until supervisor pid's tree is whole: sh, and its two sleeps,
+        one of them in a session of its own; [(pid, start time)] of the
+        three, sh first."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            kids = (read_text("/proc/%d/task/%d/children" % (pid, pid)) or "").split()
+            if len(kids) == 1:
+                sh = int(kids[0])
+                sleeps = [int(k) for k in
+                          (read_text("/proc/%d/task/%d/children" % (sh, sh)) or "").split()]
+                stats = [read_text("/proc/%d/stat" % k) for k in sleeps]
+                comms = [(read_text("/proc/%d/comm" % k) or "").strip() for k in sleeps]
+                if len(sleeps) == 2 and comms == ["sleep", "sleep"] and None not in stats and \
+                        sum(1 for k, st in zip(sleeps, stats)
+                            if int(st.rsplit(")", 1)[1].split()[3]) == k) == 1:
+                    tree = [(p, start_time(p)) for p in [sh] + sleeps]
+                    if None not in [t for _, t in tree]:
+                        return tree
+            if has_exited(pid) or time.monotonic() > deadline:
+                raise BenchError("%s: a supervisor's tree never became whole (sh and its two "
+                                 "sleeps)" % context)
+            time.sleep(0.002)
+
+    @staticmethod
+    def density_schedstat(teams):
+        """{pid: (ns on a CPU, times run on a CPU)} of each team (a
+        supervisor and its forks) together; a fork gone counts as nothing."""
+        found = {}
+        for pid, team in teams.items():
+            ns = runs = 0
+            for member in team:
+                text = read_text("/proc/%d/schedstat" % member)
+                if text is None:
+                    if member == pid:
+                        raise BenchError("P18: a supervisor ended before its deadline")
+                    continue
+                fields = text.split()
+                ns, runs = ns + int(fields[0]), runs + int(fields[2])
+            found[pid] = (ns, runs)
+        return found
+
+    def density_exits(self, sups, end, context):
+        """From the deadline on, reap every child (the supervisors, and what
+        may be handed to the bench); {supervisor pid: (monotonic time its
+        exit was reaped, exit code)}. A supervisor still running
+        DENSITY_ABORT s after the deadline is SIGKILLed (a miss)."""
+        exits = {}
+
+        def late(signum, frame):
+            raise BenchError("late")
+        time.sleep(max(0.0, end - time.monotonic()))
+        old = signal.signal(signal.SIGALRM, late)
+        signal.setitimer(signal.ITIMER_REAL, max(1.0, end + DENSITY_ABORT - time.monotonic()))
+        try:
+            while len(exits) < len(sups):
+                pid, status = os.waitpid(-1, 0)
+                if pid in sups:
+                    exits[pid] = (time.monotonic(), exit_code(status))
+        except BenchError:
+            missing = [pid for pid in sups if pid not in exits]
+            self.note("%s: %d supervisor(s) still running %g s after the deadline: killed"
+                      % (context, len(missing), DENSITY_ABORT))
+            for pid in missing:
+                os.kill(pid, signal.SIGKILL)  # our child, unreaped
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        return exits
+
+    @staticmethod
+    def density_left(trees):
+        """How many processes of the trees are still alive (the same pid and
+        start time, not a zombie)."""
+        left = 0
+        for tree in trees.values():
+            for pid, started in tree:
+                text = read_text("/proc/%d/stat" % pid)
+                if text and start_time(pid) == started and text.rsplit(")", 1)[1].split()[0] != "Z":
+                    left += 1
+        return left
+
+    def nemo_receipt(self, path, context):
+        """NeMo Gym's receipt, read and removed; {} (and a note) if none."""
+        try:
+            with open(path) as f:
+                receipt = json.load(f)
+            os.unlink(path)
+        except (OSError, ValueError) as e:
+            self.note("%s: no readable receipt (%s)" % (context, e))
+            return {}
+        if receipt.get("cleanup_confirmed") is not True or receipt.get("timed_out") is not True:
+            self.note("%s: receipt %r" % (context, receipt))
+        return receipt
+
+    def p18_rows(self, n, sides):
+        """P18's rows: RSS over bare each, idle CPU of all, the deadline ->
+        the last exit; each way's, NeMo Gym's beside ours."""
+        mib_bare = median([x for side in sides.values() for s in side for x in s["bare_rss_mib"]])
+        nemo_stop = [s["last_exit_s"] * 1000 for s in sides["nemo"]]
+        rounds = len(sides["nemo"])
+        for way, how in (("pyz", "PY -I treereap.pyz"), ("script", "PY -I supervisor.py "
+                                                          "(a copy)"),
+                         ("nemo", "PY -I process_supervisor.py (NeMo Gym's)")):
+            runs = sides[way]
+            rss = [x for s in runs for x in s["rss_mib"]]
+            over = median(rss) - mib_bare
+            limit = DENSITY_RSS_LIMIT if way == "pyz" else None
+            self.add_row("P18-rss-" + way, "density: RSS of each of %d at once, %s, over bare "
+                         "PY -I%s" % (n, how, "" if way == "nemo" else self.contained("P18")),
+                         rss, "MiB", "diff <= %g MiB" % limit if limit else "info",
+                         over if limit else None, limit,
+                         yard=[x for s in runs for x in s["bare_rss_mib"]],
+                         extra={"max_over_bare_mib": max(rss) - mib_bare, "way": way})
+            idle = [s["idle_ms_per_min_all"] for s in runs]
+            wakeups = sum(s["idle_wakeups"] for s in runs)
+            self.add_row("P18-idle-" + way, "density: idle CPU of all %d together, %s (ms per "
+                         "minute of waiting)" % (n, how), idle, "ms/min",
+                         "info" if way == "nemo" else "0 (no wake-up)",
+                         None if way == "nemo" else wakeups, None,
+                         passed=None if way == "nemo" else wakeups == 0,
+                         extra={"wakeups": wakeups,
+                                "window_s": [round(s["idle_window_s"], 2) for s in runs],
+                                "each_median_ms_per_min": median(
+                                    [s["idle_ms_per_min_each_median"] for s in runs])})
+            stop = [s["last_exit_s"] * 1000 for s in runs]
+            confirmed = sum(s["confirmed"] for s in runs)
+            left = sum(s["left_alive"] for s in runs)
+            extra = {"confirmed": confirmed, "of": n * rounds, "left_alive": left,
+                     "exit_ms_median": [round(s["exit_s_median"] * 1000, 1) for s in runs],
+                     "exited_before_deadline": sum(s["exited_before_deadline"] for s in runs),
+                     "own_deadline_lag_ms_median": [round(s["own_deadline_lag_s_median"] * 1000,
+                                                          1) for s in runs],
+                     "own_deadline_lag_ms_max": [round(s["own_deadline_lag_s_max"] * 1000, 1)
+                                                 for s in runs],
+                     "exit_statuses": [s["exit_statuses"] for s in runs],
+                     "started_in_s": [round(s["started_in_s"], 1) for s in runs]}
+            what = "density: deadline -> the last of %d exits, %s; confirmed %d/%d, %d left " \
+                   "alive" % (n, how, confirmed, n * rounds, left)
+            if way == "nemo":
+                self.add_row("P18-stop-nemo", what, stop, "ms", "reference", None, extra=extra)
+                continue
+            ratio = median(stop) / median(nemo_stop)
+            self.add_row("P18-stop-" + way, what, stop, "ms",
+                         "ratio <= %g, all confirmed, none left" % DENSITY_STOP_LIMIT, ratio,
+                         DENSITY_STOP_LIMIT, yard=nemo_stop, diff=ratio, diff_text="ratio",
+                         passed=(ratio <= DENSITY_STOP_LIMIT and confirmed == n * rounds
+                                 and left == 0), extra=extra)
+
     # P17 --------------------------------------------------------------------------------------
 
     def p17_output(self):
@@ -3075,6 +3396,7 @@ class Bench(object):
                  ("P6", self.p6_p7_drains), ("P10", self.p10_peak_rss),
                  ("P14", self.p14_receipt_size), ("P15", self.p15_limits),
                  ("P16", self.p16_deadline_stops), ("P17", self.p17_output),
+                 ("P18", self.p18_density),
                  ("P12", self.p12_storm),
                  ("P13", self.p13_many_sessions), ("P11", self.p11_crowded_host),
                  ("P9", self.p9_busy_host), ("COV", self.cov_suite))
@@ -3376,11 +3698,16 @@ def parse_args(argv):
                         "(default: min(pairs, 12))")
     parser.add_argument("--quick", action="store_true", help="~10 pairs, for development")
     parser.add_argument("--nemo", metavar="PATH", help="NeMo Gym's process_supervisor.py (at "
-                        "978ad55), fetched into a temporary folder: P0's and P16's baseline")
+                        "978ad55), fetched into a temporary folder: P0's, P16's and P18's "
+                        "baseline")
     parser.add_argument("--only", help="development: comma-separated groups to run "
-                        "(P0,P1,P2,P3,P4,P5,P6 (P6-P8),P10,P14,P15,P16,P17,P12,P13,P11,P9,"
-                        "COV); P9 needs "
+                        "(P0,P1,P2,P3,P4,P5,P6 (P6-P8),P10,P14,P15,P16,P17,P18,P12,P13,P11,"
+                        "P9,COV); P9 needs "
                         "P4,P5,P6 for its ratios")
+    parser.add_argument("--density-n", type=int, default=DENSITY_N, metavar="N",
+                        help="P18: supervisors at once (default %d)" % DENSITY_N)
+    parser.add_argument("--density-rounds", type=int, default=1, metavar="R",
+                        help="P18: rounds of the three ways, the order rotating (default 1)")
     parser.add_argument("--coverage", action="store_true", help="also run COV: the test "
                         "suite under coverage.py (in .venv), supervisor.py's statements it runs")
     args = parser.parse_args(argv)
@@ -3390,6 +3717,8 @@ def parse_args(argv):
         args.pairs_big = min(args.pairs, 4 if args.quick else 12)
     if args.pairs < 1 or args.pairs_big < 1:
         parser.error("--pairs and --pairs-big must be at least 1")
+    if args.density_n < 1 or args.density_rounds < 1:
+        parser.error("--density-n and --density-rounds must be at least 1")
     return args
 
 
@@ -3431,6 +3760,7 @@ def measure(args, scratch):
     info = machine_info(py, check, how)
     bench = Bench(py, args.pairs, args.pairs_big, args.quick, args.nemo, args.pyz, scratch)
     bench.python_check = check
+    bench.density_n, bench.density_rounds = args.density_n, args.density_rounds
     error, status = None, 0
     gc.disable()  # no collector pauses inside the bench's own timings
     try:

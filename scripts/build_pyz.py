@@ -5,10 +5,15 @@
                                  [--require 3.X,...]
     python3 scripts/build_pyz.py --check PYZ
 
-Run with python3 3.8 or later; standard library only. The zip (entries
-stored, not compressed, after a `#!/usr/bin/env python3` line) holds:
+Run with python3 3.8 or later; standard library only. Without -o it writes
+dist/treereap.pyz at the repository top (dist/ is git's to ignore: the
+build leaves no untracked file in a checkout). The zip (entries stored, not
+compressed, after a `#!/usr/bin/env python3` line) holds:
 
-    __main__.py          imports the module compiled for the running CPython
+    __main__.py          under Python 2 or 3.5 and older, prints the one line
+                         supervisor.py prints there and exits 125 (it parses
+                         under Python 2.7 as under 3.x); else imports the
+                         module compiled for the running CPython
                          (treereap_311 from treereap_311.pyc on 3.11), or,
                          for any other interpreter, supervisor.py from the
                          zip; sets its _BUILT_FROM to the source's sha256 and
@@ -59,7 +64,8 @@ import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "supervisor.py")
-DEFAULT_OUTPUT = os.path.join(ROOT, "treereap.pyz")
+# Where git ignores it (.gitignore: dist/), made if missing.
+DEFAULT_OUTPUT = os.path.join(ROOT, "dist", "treereap.pyz")
 VERSIONS = ["3.%d" % minor for minor in range(6, 14)]  # what supervisor.py supports
 SHEBANG = b"#!/usr/bin/env python3\n"
 SOURCE_NAME = "supervisor.py"  # in the zip, and the file name inside each pyc
@@ -79,9 +85,17 @@ print(importlib.util.MAGIC_NUMBER.hex())
 # Run by each candidate: what it is.
 PROBE = "import sys; print(sys.implementation.cache_tag or '-', '%d.%d.%d' % sys.version_info[:3])"
 
+# Parsed by every Python that may be asked to run the zip, Python 2.7 and 3.5
+# too: they get supervisor.py's one line and 125, never a traceback (no
+# f-string, annotation or other syntax newer than 2.7 below).
 MAIN = '''\
 # treereap.pyz: scripts/build_pyz.py made this zip from supervisor.py alone.
 import sys
+
+if sys.version_info < (3, 6):  # as supervisor.py says it
+    sys.stderr.write("treereap: needs Python 3.6 or later; this is %s\\n" % sys.version.split()[0])
+    sys.exit(125)
+
 import zipimport
 
 # The sha256 of that supervisor.py; and by sys.implementation.cache_tag, the
@@ -316,7 +330,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="build_pyz.py", description="Build treereap.pyz from supervisor.py alone.")
     parser.add_argument("-o", "--output", default=DEFAULT_OUTPUT,
-                        help="where to write it (default: treereap.pyz at the repository top)")
+                        help="where to write it (default: dist/treereap.pyz at the repository "
+                             "top, which git ignores)")
     parser.add_argument("--python", action="append", metavar="PATH",
                         help="an interpreter to compile with (repeat it); default: every "
                              "CPython 3.6 to 3.13 found (pyenv, then PATH)")
@@ -337,6 +352,8 @@ def main(argv=None):
             print("%s: built from %s" % (args.check, args.source))
         return 1 if problems else 0
     log = None if args.quiet else (lambda text: print(text, file=sys.stderr))
+    if args.output == DEFAULT_OUTPUT:
+        os.makedirs(os.path.dirname(DEFAULT_OUTPUT), exist_ok=True)
     try:
         text = build(args.output, args.source, args.python, args.only, args.require, log)
     except BuildError as e:

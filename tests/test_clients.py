@@ -353,7 +353,8 @@ def test_pip_install_beside_supervisord(tmp_path):
         f.write("raise ImportError('this is supervisord, not supervisor.py')\n")
     source = tmp_path / "source"  # a copy: the build leaves nothing in the checkout
     source.mkdir()
-    for name in ("pyproject.toml", "README.md", "supervisor.py", "treereap.py"):
+    for name in ("pyproject.toml", "setup.cfg", "setup.py", "README.md", "supervisor.py",
+                 "treereap.py"):
         subprocess.check_call(["cp", "-P", os.path.join(ROOT, name), str(source)])
     assert os.path.islink(str(source / "treereap.py"))
     offline = ["--no-index", "--no-build-isolation", "--no-deps", "-q"]

@@ -4,6 +4,8 @@ compiled for it, any other the source inside; a run through it is a run of
 the script. The suite builds it once (per worker), into pytest's tmp_path,
 with the interpreters the suite runs (conftest.PYTHONS).
 """
+import ast
+import glob
 import hashlib
 import os
 import re
@@ -167,6 +169,58 @@ def test_a_pyc_of_another_magic_number_falls_back_to_the_source(pyz, version, tm
     assert imported(result.stderr) == {"supervisor"}
 
 
+def old_python(version):
+    """A CPython `version` ("2.7", "3.5") that pyenv has, or None."""
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    found = sorted(glob.glob(os.path.join(root, "versions", version + ".*", "bin", "python")))
+    return found[-1] if found else None
+
+
+def test_main_py_parses_under_the_grammar_of_python_3_5(pyz):
+    """No syntax newer than 3.5 in the zip's __main__.py (ast's feature_version:
+    an f-string or an annotation is refused), so that 3.5 reaches its check."""
+    with zipfile.ZipFile(pyz) as archive:
+        main = archive.read("__main__.py").decode()
+    ast.parse(main, "__main__.py", feature_version=(3, 5))
+
+
+@pytest.mark.parametrize("version", ["2.7", "3.5"])
+def test_an_old_python_gets_one_line_and_125(pyz, version, tmp_path):
+    """The README's promise for Python 2 and 3.5, kept by the pyz as by
+    supervisor.py: one line on stderr, nothing run, 125."""
+    python = old_python(version)
+    if python is None:
+        pytest.skip("pyenv has no CPython %s (pyenv versions)" % version)
+    release = run([python, "-c", "import sys; print(sys.version.split()[0])"]).stdout.strip()
+    for argv in (["--version"], ["--timeout", "5", "--", "touch", str(tmp_path / "ran")]):
+        result = run([python, pyz] + argv)
+        assert result.returncode == 125, result.stderr
+        assert result.stdout == ""
+        assert result.stderr == "treereap: needs Python 3.6 or later; this is %s\n" % release
+        assert not (tmp_path / "ran").exists()
+    assert run([python, SOURCE, "--version"]).stderr == result.stderr  # the script's own line
+
+
+def test_the_default_output_is_one_git_ignores(tmp_path):
+    """Without -o the pyz goes to dist/treereap.pyz in the checkout, which
+    git ignores: the build leaves no untracked file (a checkout's copy,
+    with its .gitignore, in a repository of its own)."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    for name in ("supervisor.py", ".gitignore", os.path.join("scripts", "build_pyz.py")):
+        with open(os.path.join(ROOT, name), "rb") as f:
+            (checkout / name).write_bytes(f.read())
+    git = ["git", "-C", str(checkout)]
+    assert run(git + ["init", "-q"]).returncode == 0
+    result = run([PY, str(checkout / "scripts" / "build_pyz.py"), "-q", "--only",
+                  THIS_PYTHON, "--python", PY], cwd=str(checkout))
+    assert result.returncode == 0, result.stderr
+    assert (checkout / "dist" / "treereap.pyz").is_file()
+    status = run(git + ["status", "--porcelain", "--untracked-files=all"]).stdout
+    assert status.split() == ["??", ".gitignore", "??", "scripts/build_pyz.py", "??",
+                              "supervisor.py"], status
+
+
 def committed():
     """Is there a treereap.pyz committed at the top (in git's index; outside a
     checkout, any there)?"""
@@ -188,6 +242,6 @@ def test_a_committed_pyz_was_built_from_this_supervisor_py():
         record = archive.read("BUILD.txt").decode()
     assert "sha256: %s\n" % source_sha256() in record, (
         "treereap.pyz was built from another supervisor.py: rebuild it "
-        "(python3 scripts/build_pyz.py)\n" + record)
+        "(python3 scripts/build_pyz.py -o treereap.pyz)\n" + record)
     result = run([PY, BUILD, "--check", COMMITTED])
     assert result.returncode == 0, result.stderr
