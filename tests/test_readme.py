@@ -299,25 +299,80 @@ def kubernetes_manifest():
     import yaml
     with open(os.path.join(ROOT, "docs", "recipes.md")) as f:
         text = f.read()
-    block = text.split("<!-- checked: tests/test_readme.py parses this manifest -->\n```yaml\n")
-    return yaml.safe_load(block[1].split("```")[0])
+    block = re.search(r"<!-- checked: tests/test_readme.py parses this manifest[^>]*-->\n"
+                      r"```yaml\n(.*?)```", text, re.S)
+    return yaml.safe_load(block.group(1))
+
+
+# The recipe's allowance for a pod's start (scheduling, the image pull, the
+# init container), as docs/recipes.md says.
+POD_START = 60
+
+
+def job_backoffs(limit):
+    """The Job controller's delays before its retries: 10 s, doubled each
+    time, at most six minutes (Kubernetes' Job documentation, "Pod backoff
+    failure policy")."""
+    return sum(min(10 * 2 ** n, 360) for n in range(limit))
+
+
+def what_does_not_add_up(job):
+    """The Kubernetes recipe's bounds, checked on a manifest: what fails."""
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    argv = [c for c in pod["containers"] if c["name"] == "task"][0]["command"]
+    timeout = supervisor.parse_duration(argv[argv.index("--timeout") + 1])
+    cleanup = float(argv[argv.index("-k") + 1])
+    grace, wrong = pod.get("terminationGracePeriodSeconds", 30), []
+    # The kubelet's stop: its SIGKILL comes after the grace. With
+    # --stop-timeout the supervisor's stop from outside is done within it.
+    if "--stop-timeout" in argv:
+        stop = supervisor.parse_duration(argv[argv.index("--stop-timeout") + 1])
+    else:
+        stop = supervisor.exec_timeout(0, cleanup)
+    if grace < stop:
+        wrong.append("terminationGracePeriodSeconds %s < the stop's %s s" % (grace, stop))
+    # The Job's deadline counts across every attempt: each one's bound, the
+    # back-offs between them.
+    attempts = spec.get("backoffLimit", 6) + 1
+    needed = attempts * (supervisor.exec_timeout(timeout, cleanup) + POD_START) + job_backoffs(
+        attempts - 1)
+    if spec.get("activeDeadlineSeconds", needed) < needed:
+        wrong.append("activeDeadlineSeconds %s < %s attempts: %s s" % (
+            spec["activeDeadlineSeconds"], attempts, needed))
+    return wrong
 
 
 def test_the_kubernetes_manifest_gives_the_stop_its_bound():
     job = kubernetes_manifest()
+    assert what_does_not_add_up(job) == []
+    # The check fails where the numbers do not add up: the grace below the
+    # stop's, the Job's deadline for one attempt (the recipe's before #38),
+    # or for one retry fewer than backoffLimit gives.
+    import copy
+    for change in ({"grace": 29}, {"deadline": 1950}, {"backoffLimit": 3}):
+        wrong = copy.deepcopy(job)
+        if "grace" in change:
+            wrong["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = change["grace"]
+        if "deadline" in change:
+            wrong["spec"]["activeDeadlineSeconds"] = change["deadline"]
+        if "backoffLimit" in change:
+            wrong["spec"]["backoffLimit"] = change["backoffLimit"]
+        assert what_does_not_add_up(wrong) != [], change
     pod = job["spec"]["template"]["spec"]
     task = [c for c in pod["containers"] if c["name"] == "task"][0]
     argv = task["command"]
-    timeout = supervisor.parse_duration(argv[argv.index("--timeout") + 1])
-    cleanup = float(argv[argv.index("-k") + 1])
-    assert pod["terminationGracePeriodSeconds"] >= supervisor.exec_timeout(0, cleanup)
-    assert job["spec"]["activeDeadlineSeconds"] > supervisor.exec_timeout(timeout, cleanup)
     # The file the task runs is the one the init container copies in.
     init = pod["initContainers"][0]
     assert argv[:2] == ["python3", init["command"][-1]] and argv[1].endswith("treereap.pyz")
     mounts = dict((m["name"], m["mountPath"]) for m in task["volumeMounts"])
     assert mounts[init["volumeMounts"][0]["name"]] == os.path.dirname(argv[1])
     assert "--summary" in argv and argv[argv.index("--summary") + 1] == "/dev/termination-log"
+    # One receipt per attempt, on the receipts volume: the pod's name, from
+    # the downward API, which the kubelet expands in the command.
+    receipt = argv[argv.index("--receipt") + 1]
+    assert receipt == mounts["receipts"] + "/$(POD_NAME).json", receipt
+    env = dict((e["name"], e) for e in task["env"])
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     # Each rule says only what its exit codes mean: 137 is claimed by none.
     rules = job["spec"]["podFailurePolicy"]["rules"]
     codes = dict((rule["action"], rule["onExitCodes"]["values"]) for rule in rules
