@@ -8,7 +8,9 @@ host: the guest's bounds are generous.
 The batch: the limits, the containment tests, and the supervisor in
 containers (tests/test_containers.py: runc, crun and Podman, which the guest
 takes from this host's /; the guest's / is moved onto / before the chroot,
-as switch_root does, so that a runtime's exec lands in the container).
+as switch_root does, so that a runtime's exec lands in the container), and
+under a real Docker engine (tests/test_docker.py: a dockerd of its own in
+the guest, its image's files made here beforehand).
 
 Needs root, qemu-system-x86_64, a kernel in /boot with its modules, and a
 static busybox (apt-get install qemu-system-x86 linux-image-amd64
@@ -30,8 +32,11 @@ from conftest import IS_ROOT, PY, ROOT
 
 HARNESS = os.path.join(ROOT, "tests", "guest", "vmrun.sh")
 # What runs in the guest: the limits, and the containment tests, whose
-# cgroup paths are found, not assumed (/sys/fs/cgroup there); the containers.
-BATCH = ["tests/test_limits.py", "tests/test_containment.py", "tests/test_containers.py"]
+# cgroup paths are found, not assumed (/sys/fs/cgroup there); the containers;
+# of the Docker engine's tests, those that need cgroup v2 (about 50 s).
+BATCH = ["tests/test_limits.py", "tests/test_containment.py", "tests/test_containers.py",
+         "tests/test_docker.py"]
+DOCKER_IMAGE = os.path.join(ROOT, "tests", "engines", "docker_image.py")
 # The whole batch: about 3 minutes of one CPU; a bound for a hang only.
 GUEST_LIMIT = 1200
 
@@ -72,6 +77,13 @@ def test_the_batch_that_needs_cgroup_v2_controllers_passes_in_a_pure_cgroup_v2_g
         stdout=subprocess.DEVNULL, timeout=300)
     env = dict(os.environ, TREEREAP_IN_GUEST="1", PYTHONDONTWRITEBYTECODE="1",
                VMRIG_HOST_TMP="1", SUPERVISOR_ENTRY=pyz)
+    # Docker's image, made here with that pyz in it: made in the guest,
+    # reading the host's files through 9p, it costs 50 s of the batch.
+    if os.path.exists("/usr/bin/python3") and shutil.which("busybox"):
+        image = os.path.join(str(tmp_path), "docker-image.tar")
+        subprocess.check_call(["/usr/bin/python3", DOCKER_IMAGE, "--pyz", pyz, image],
+                              timeout=300)
+        env["TREEREAP_DOCKER_IMAGE"] = image
     # The batch runs under PY alone: no other interpreter to ask its version
     # (at 0.5 s each there); the other CPythons are the host's tests.
     env["SUPERVISOR_TEST_PYTHONS"] = PY
