@@ -25,7 +25,7 @@ import uuid
 
 import pytest
 
-from conftest import (PY, ROOT, SUPERVISOR, alive, descendants, kill_pinned, plain_signals,
+from conftest import (PY, ROOT, SUPERVISOR, alive, descendants, heavy, kill_pinned, plain_signals,
                       read_receipt, reap_adopted_zombies, run, stop_noticed_after, wait_until)
 
 RECIPES = os.path.join(ROOT, "docs", "recipes.md")
@@ -152,11 +152,12 @@ class Real(object):
                 "--max-worker-port", workers + 39]
         self.log = open(os.path.join(self.temp, "ray-start.log"), "wb")
         started = time.monotonic()
-        self.head = subprocess.Popen([PY, INIT] + [str(a) for a in argv], env=dict(os.environ, **self.env),
+        self.head = subprocess.Popen([PY, INIT] + [str(a) for a in argv],
+                                     env=dict(os.environ, **self.env),
                                      stdin=subprocess.DEVNULL, stdout=self.log,
                                      stderr=subprocess.STDOUT, preexec_fn=plain_signals())
         try:
-            assert wait_until(self._up, timeout=120, interval=0.2), self._start_log()
+            assert wait_until(self._up, timeout=200, interval=0.2), self._start_log()
         except BaseException:
             self.close()
             raise
@@ -211,7 +212,9 @@ class Real(object):
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-@pytest.fixture(params=["emulated", "real"])
+# A real head starts some twenty processes, most of them Python (7 s on two
+# quiet cores, 77 s beside two busy loops): with the heavy tests, one at a time.
+@pytest.fixture(params=["emulated", pytest.param("real", marks=heavy)])
 def ray_engine(request, tmp_path):
     engine = (Emulated if request.param == "emulated" else Real)(tmp_path)
     yield engine
