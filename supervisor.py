@@ -2997,8 +2997,10 @@ def _parse_size(value, option, kind="size"):
     size = int(float(number) * _SIZE_UNITS[unit]) if digits and all(
         c in "0123456789" for c in digits) else 0
     if not 0 < size < 2 ** 63:
-        raise UsageError("%s: %r is not %s" % (option, value, "a positive number of bytes "
-                         "(4096, 512K, 1.5G)" if kind == "size" else "a positive number"))
+        # test_cli.py::test_every_example_a_message_gives_is_taken
+        raise UsageError("%s: %r is not %s" % (option, value, "a whole number (100)" if kind ==
+                         "count" else "a size (512M, 1.5G)" if option == "--memory-max" else
+                         "a size in bytes (4096, 512K, 1.5G)"))
     return size
 
 
@@ -5088,11 +5090,31 @@ def _parse_args(argv):
     if alone and command:
         raise UsageError("%s runs no command: drop %s" % (alone, command[0]))
     if not alone:
-        if values["timeout"] is None:
-            raise UsageError("--timeout is required (seconds, e.g. --timeout 600)")
-        if not command:
-            raise UsageError("no command given: put it after --")
+        if values["timeout"] is None or not command:
+            raise UsageError(_what_to_write(argv, command, values["timeout"]))
     return None, values, command
+
+
+def _what_to_write(argv, command, timeout):
+    """The one line for a call with no deadline or no command: what to write
+    instead, for the mistakes seen (timeout(1)'s order, --timeout after the
+    command, an option that took the command's name as its value)."""
+    # test_cli.py::test_a_misplaced_deadline_says_what_to_write
+    if not argv:
+        return "give a deadline and a command: --timeout DURATION -- COMMAND (see --help)"
+    if timeout is not None:
+        return "no command given: put it after --"
+    if any(arg.partition("=")[0] == "--timeout" for arg in command):
+        return ("--timeout after the command is the command's own argument: put it before, "
+                "as in --timeout 600 -- COMMAND")
+    first = _ignoring(UsageError, parse_duration, command[0]) if command else None
+    if first is not None:
+        return ("the deadline is an option here, not timeout(1)'s first argument: write "
+                "--timeout %s -- %s" % (command[0], " ".join(command[1:]) or "COMMAND"))
+    taken = argv[-len(command) - 1] if command and "--" not in argv else None
+    return "--timeout is required (seconds, e.g. --timeout 600 -- COMMAND)" + (
+        "; the command was taken to start at %r, after %s's value: put it after --" % (
+            command[0], argv[-len(command) - 2]) if taken and not taken.startswith("-") else "")
 
 
 def _split_option(arg):

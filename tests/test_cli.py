@@ -325,3 +325,39 @@ def test_the_receipts_json_is_json_dumps_own_text(value):
     and enum) writes what json.dumps(value, indent=2) writes."""
     import json
     assert supervisor._json(value) == json.dumps(value, indent=2)
+
+
+@pytest.mark.parametrize("option", ["--memory-max", "--max-output", "--pids-max"])
+def test_every_example_a_message_gives_is_taken(tmp_path, option):
+    """A refused size names examples (issue 38: --memory-max once offered
+    4096 and 512K, which it then refused as under 1M): each is taken by the
+    option whose message gave it."""
+    base = ["--timeout", "5", "--workdir", str(tmp_path), "--receipt",
+            str(tmp_path.parent / "r.json"), "--output", str(tmp_path.parent / "out.log")]
+    with pytest.raises(supervisor.UsageError) as refusal:
+        supervisor._parse_args(base + [option, "x", "--", "true"])
+    examples = str(refusal.value).rpartition("(")[2].rstrip(")").split(", ")
+    assert examples and all(examples), str(refusal.value)
+    for example in examples:
+        _, values, command = supervisor._parse_args(base + [option, example, "--", "true"])
+        supervisor._checked_plan(command, values)  # raises if the example is refused
+
+
+@pytest.mark.parametrize("args, words", [
+    ([], "--timeout DURATION -- COMMAND (see --help)"),
+    (["--", "echo", "hi", "--timeout", "5"], "--timeout after the command is the command's "
+     "own argument: put it before"),
+    (["10", "true"], "write --timeout 10 -- true"),
+    (["--receipt", "echo", "hi"], "the command was taken to start at 'hi', after --receipt's "
+     "value: put it after --"),
+    (["--timeout", "5"], "no command given: put it after --"),
+    (["-v", "--", "true"], "--timeout is required (seconds, e.g. --timeout 600 -- COMMAND)"),
+])
+def test_a_misplaced_deadline_says_what_to_write(sandbox, args, words):
+    """timeout(1)'s order, a deadline after the command, an option that
+    swallowed the command's name, a bare call: one line that says what to
+    write (issue 38 items 7 and 11)."""
+    line = refused(sandbox, args)
+    assert words in line, line
+    if args == ["--receipt", "echo", "hi"]:
+        assert not os.path.exists("echo")

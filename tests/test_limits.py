@@ -94,14 +94,14 @@ def test_a_controller_not_on_v1_is_said_to_be_not_delegated():
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--memory-max", "1.5.G"], "--memory-max: '1.5.G' is not a positive number of bytes"),
+    (["--memory-max", "1.5.G"], "--memory-max: '1.5.G' is not a size (512M, 1.5G)"),
     (["--memory-max", "1e9"], "--memory-max: '1e9' is not"),
     (["--memory-max", "0"], "--memory-max: '0' is not"),
     (["--memory-max", "1BBB"], "--memory-max: '1BBB' is not"),
     (["--memory-max", "16777216T"], "--memory-max: '16777216T' is not"),
     (["--memory-max", "1000"], "--memory-max: at least 1M"),
-    (["--pids-max", "10K"], "--pids-max: '10K' is not a positive number"),
-    (["--pids-max", "1.5"], "--pids-max: '1.5' is not a positive number"),
+    (["--pids-max", "10K"], "--pids-max: '10K' is not a whole number (100)"),
+    (["--pids-max", "1.5"], "--pids-max: '1.5' is not a whole number (100)"),
     (["--cpu-time", "-1"], "--cpu-time: '-1' is not a positive duration"),
     (["--max-output", "1M"], "--max-output: needs --output FILE"),
     (["--output", "OUT", "--max-output", "1000"], "--max-output: at least 1K"),
