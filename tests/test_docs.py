@@ -310,7 +310,15 @@ OTHER_TOOLS = {
     "--check": "scripts/build_pyz.py",
     "--coverage": "scripts/bench.py", "--json": "scripts/bench.py", "--nemo": "scripts/bench.py",
     "--only": "scripts/bench.py", "--python": "scripts/bench.py", "--pyz": "scripts/bench.py",
-    "--quick": "scripts/bench.py",
+    "--quick": "scripts/bench.py", "--density-n": "scripts/bench.py",
+    "--density-rounds": "scripts/bench.py",
+    "--entrypoint": "docker run", "--memory": "docker run", "--network": "docker run",
+    "--pids-limit": "docker run", "--read-only": "docker run",
+    "--grace-period": "kubectl delete", "--time": "sbatch",
+    "--no-build-isolation": "pip", "--no-deps": "pip", "--no-index": "pip",
+    "--no-wait": "ray job submit", "--submission-id": "ray job submit",
+    "--working-dir": "ray job submit", "--disable-status": "srun",
+    "--noprofile": "bash", "--norc": "bash",
 }
 # Options that are gone: the parser refuses each, saying so (and what to use).
 RETIRED_OPTIONS = {"--keep-services": "is gone", "--foreground": "is not supported"}

@@ -183,7 +183,12 @@ def test_cpu_time_holds_in_every_grace(paths, stop):
     exit's becomes cpu_time (124: the command was gone)."""
     command = "trap '' TERM; " + SPINNERS + "echo started; " + (
         "exit 0" if stop == "exit" else "wait")
-    proc = start_supervisor(*paths.options(timeout=0.3 if stop == "deadline" else 120,
+    if stop == "deadline":  # spin from the deadline's SIGTERM on, not before the deadline:
+        # a short one could come before sh's trap (the slow guest), a long one
+        # after the CPU time is spent
+        command = ("spin() { sh -c 'trap \"\" TERM; while :; do :; done' & }; "
+                   "trap 'spin; spin; wait' TERM; echo started; sleep 600 & wait")
+    proc = start_supervisor(*paths.options(timeout=10 if stop == "deadline" else 120,
                                            cleanup=30) + [
         "--cpu-time", "2", "-v", "--", "sh", "-c", command])
     assert proc.stdout.readline() == b"started\n"

@@ -57,7 +57,7 @@ def test_the_api(other_python, tmp_path):
         "t = s.CleanupReceipt\n"
         "r = s.supervise(['sh', '-c', 'exit 7'], 30, 2, workdir=%r)\n"
         "after = [signal.getsignal(s) for s in (1, 2, 15, 17)]\n"
-        "print(json.dumps([t is dict, before == after, r['exit_status'],"
+        "print(json.dumps([issubclass(t, dict) and t(a=1) == {'a': 1}, before == after, r['exit_status'],"
         " s.exec_timeout(60, 5)]))\n" % str(tmp_path))
     out = subprocess.run([other_python, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
