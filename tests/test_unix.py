@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import (
-    CGROUP_ROOT, HELPERS, IS_ROOT, PY, SUPERVISOR, alive, descendants, finish, kill_pinned, plain_signals,
+    CGROUP_ROOT, HELPERS, IS_ROOT, PY, SUPERVISOR, alive, children_of, descendants, finish, kill_pinned, plain_signals,
     proc_stat, read_lines_until, read_receipt, run, run_supervisor, spawn, start_supervisor,
     start_tree, supervisor_cmd, tree_cmd, wait_until,
 )
@@ -298,6 +298,9 @@ def test_ctrl_c_stops_a_command_that_catches_it_as_timeout_k_would(paths, key, s
         "--", "sh", "-c", script]))
     try:
         read_pty_until(master, "ready")
+        # The supervisor's listener joins the command's group after the
+        # command starts (under load, after "ready"): wait for it
+        assert wait_until(lambda: ctrl_c_listener(proc.pid)), children_of(proc.pid)
         os.write(master, key)
         read_pty_until(master, "caught")
         assert proc.wait(timeout=60) == 137
@@ -308,6 +311,14 @@ def test_ctrl_c_stops_a_command_that_catches_it_as_timeout_k_would(paths, key, s
     assert receipt["stop_signal"] == signal.Signals(sig).name
     assert receipt["cleanup_confirmed"] is True and receipt["return_code"] == -signal.SIGKILL
     assert not alive(int((paths.work / "member").read_text()))
+
+
+def ctrl_c_listener(supervisor):
+    """The supervisor's child in the command's group that is not the command
+    (_CtrlC): SIGINT and SIGQUIT are blocked in it from its fork (the
+    supervisor's mask), so one sent once it is in the group is heard."""
+    kids = dict((pid, os.getpgid(pid)) for pid in children_of(supervisor))
+    return [pid for pid, group in kids.items() if group != pid and group in kids]
 
 
 def test_under_pythoninspect_the_run_still_comes_first(paths):
