@@ -546,6 +546,18 @@ def _pipe():
     return tuple(high)
 
 
+def _fork(*ends):
+    """os.fork(); out of processes, one line naming the limit (see _acquire),
+    and the descriptors `ends` closed first: the caller of supervise() keeps
+    none of ours."""
+    try:
+        return _acquire("fork", os.fork)
+    except BaseException:
+        for fd in ends:
+            os.close(fd)
+        raise
+
+
 def _signalfd(signals, fd=-1):
     """A non-blocking signalfd(2) for signals (which the caller blocks); with
     fd, that one's signals changed."""
@@ -1070,11 +1082,9 @@ class _Pin(_HoldsFd):
             _quietly_signal(self.proc.pid, sig)
             return
         # Exited since the proof, or setuid: /proc decides what is left.
-        if hasattr(signal, "pidfd_send_signal"):  # (3.9+: see _pidfd_open)
-            _ignoring((ProcessLookupError, PermissionError), signal.pidfd_send_signal, self.fd, sig)
-        else:
-            _ignoring((ProcessLookupError, PermissionError), _libc().call, "syscall",
-                      _SYS_PIDFD_SEND_SIGNAL, self.fd, sig, None, 0)
+        send = getattr(signal, "pidfd_send_signal", None) or (  # (3.9+: see _pidfd_open)
+            lambda fd, sig: _libc().call("syscall", _SYS_PIDFD_SEND_SIGNAL, fd, sig, None, 0))
+        _ignoring((ProcessLookupError, PermissionError), send, self.fd, sig)
 
 
 def _closed(*holders):
@@ -2186,8 +2196,7 @@ class _CgroupContainment(object):
         return self.walker.kill_round(scope, endtime)
 
     def confirm(self, scope, endtime, walk):
-        return ([], False) if self.cgroup.populated() else self.walker.confirm(
-            scope, endtime, walk)
+        return ([], False) if self.cgroup.populated() else self.walker.confirm(scope, endtime, walk)
 
     def preserved(self, look, endtime):
         """The roots of what is kept (everything: the run's cgroup, then the
@@ -2581,12 +2590,7 @@ class _User(object):
         a child that switches first: ACLs, groups and all, as the command
         would find them."""
         read_end, write_end = _pipe()
-        try:
-            pid = _acquire("fork", os.fork)
-        except SupervisorError:
-            os.close(read_end)
-            os.close(write_end)
-            raise
+        pid = _fork(read_end, write_end)
         if pid == 0:
             try:
                 os.close(read_end)
@@ -2935,8 +2939,7 @@ def _check_stop_file(path, target):
     # test_trust.py::test_a_stop_path_equal_to_the_receipt_path_is_refused
     if target is not None and path in (target.path, os.path.join(target.directory,
                                                                  *target.missing + [target.name])):
-        raise UsageError("--stop-file: %s is the receipt's path; give them different paths"
-                         % path)
+        raise UsageError("--stop-file: %s is the receipt's path; give them different paths" % path)
 
 
 def _remove_stale_at(path):
@@ -3000,10 +3003,8 @@ def _parse_signal(text, option="--signal"):
         if base.startswith("SIG_") or (sign and base not in ("SIGRTMIN", "SIGRTMAX")):
             number = None
         if number is not None and sign:
-            try:
-                number += int(offset)
-            except ValueError:
-                number = None
+            offset = _ignoring(ValueError, int, offset)
+            number = None if offset is None else number + offset
     if number != 0 and number not in _VALID_SIGNALS:
         raise UsageError("%s: unknown signal %r (a name such as TERM or INT, a number, or 0 "
                          "for none)" % (option, text))
@@ -3268,12 +3269,7 @@ class _CtrlC(_HoldsFd):
 
     def __init__(self, pgid):
         self.fd, write_end = _pipe()
-        try:
-            parent, self.pid = os.getpid(), _acquire("fork", os.fork)
-        except BaseException:  # (the caller of supervise() keeps no descriptor of ours)
-            os.close(write_end)
-            os.close(self.fd)
-            raise
+        parent, self.pid = os.getpid(), _fork(write_end, self.fd)
         if self.pid == 0:
             try:
                 os.setpgid(0, pgid)
@@ -4990,8 +4986,7 @@ def _help():
     lines = []
     for flags, _, kind, _, _, text in _OPTIONS:
         if flags:
-            metavar, _, what = text.partition(" ") if _takes_value((0, 0, kind)) else (
-                "", "", text)
+            metavar, _, what = text.partition(" ") if _takes_value((0, 0, kind)) else ("", "", text)
             lines += ["  " + " ".join([", ".join(flags), metavar]).rstrip(),
                       textwrap.fill(what, 79, initial_indent=" " * 6, subsequent_indent=" " * 6)]
     return _USAGE % {"prog": _PROG, "options": "\n".join(lines)}
@@ -5176,15 +5171,13 @@ def main(argv=None):
         plan, target = _checked_plan(command, values)
         summary_dir = plan.summary_dir
         if new_session:
-            plan.stop_with_parent, plan.relay = _relay_into_new_session(
-                plan.stop_with_parent), True
+            plan.stop_with_parent, plan.relay = _relay_into_new_session(plan.stop_with_parent), True
         run = _Run(plan)
         receipt = _execute(run)
     except SupervisorError as e:
         return _refuse(str(e), target, argv, summary_dir)
     except Exception as e:  # a bug: still one line, and the sandbox is suspect
-        return _refuse("internal error: %s: %s" % (type(e).__name__, e), target, argv,
-                       summary_dir)
+        return _refuse("internal error: %s: %s" % (type(e).__name__, e), target, argv, summary_dir)
     # The receipt goes to disk before anything goes to stderr: a full pipe or
     # a terminal with TOSTOP must not hold it back.
     receipt = _deliver(run, receipt, target)
