@@ -607,6 +607,7 @@ def _read_to_end(fd, close=False):
 
 
 def _read_path(path, dir_fd=None):
+    """The bytes of the file at path (below dir_fd), read to the end."""
     return _read_to_end(os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd), close=True)
 
 
@@ -4306,7 +4307,8 @@ def _fail(run, error):
 
 def _reap_after_failure(run):
     """The command was SIGKILLed: wait for it (within cleanup_timeout), then
-    reap it, so that an API caller is left no zombie."""
+    reap it, so that an API caller is left no zombie. Best effort: its
+    caller ignores what fails here (what failed the run may fail again)."""
     endtime = _by(run, _cleanup_budget(run.plan))
     while not _command_exited(run) and _now() < endtime:
         _wait(run, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
@@ -5238,7 +5240,7 @@ def _exit(status):
     """Exit at once: the interpreter's teardown costs ~5 ms that a controller
     would wait for, and all we print went out through os.write already."""
     for stream in (sys.stdout, sys.stderr):
-        # Closed, or None when the fd was closed at start.
+        # A stream closed, or None (its fd was closed at start): nothing to flush.
         # test_cli.py::test_help_with_stdout_closed_still_exits_0
         _ignoring((AttributeError, OSError, ValueError), lambda: stream.flush())
     os._exit(status)
