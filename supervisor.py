@@ -487,12 +487,7 @@ def _has_capability(bit):
     """Is capability `bit` in our effective set (CapEff in /proc/self/status,
     read at the start, before the command could mount over /proc)? No when
     it cannot be read."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            status = f.read()
-    except OSError:
-        return False
-    for line in status.splitlines():
+    for line in (_ignoring(OSError, _read_path, "/proc/self/status") or b"").splitlines():
         if line.startswith(b"CapEff:"):
             return bool(int(line.split()[1], 16) >> bit & 1)
     return False
@@ -551,6 +546,18 @@ def _pipe():
     return tuple(high)
 
 
+def _fork(*ends):
+    """os.fork(); out of processes, one line naming the limit (see _acquire),
+    and the descriptors `ends` closed first: the caller of supervise() keeps
+    none of ours."""
+    try:
+        return _acquire("fork", os.fork)
+    except BaseException:
+        for fd in ends:
+            os.close(fd)
+        raise
+
+
 def _signalfd(signals, fd=-1):
     """A non-blocking signalfd(2) for signals (which the caller blocks); with
     fd, that one's signals changed."""
@@ -597,6 +604,11 @@ def _read_to_end(fd, close=False):
     finally:
         if close:
             os.close(fd)
+
+
+def _read_path(path, dir_fd=None):
+    """The bytes of the file at path (below dir_fd), read to the end."""
+    return _read_to_end(os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd), close=True)
 
 
 class _HoldsFd(object):
@@ -792,10 +804,8 @@ class _ProcFS(_HoldsFd):
         data = self.read("%d/cgroup" % pid)
         if data is None:
             return None
-        for line in data.decode("utf-8", "replace").splitlines():
-            if line.startswith("0::"):
-                return line[3:]
-        return ""
+        return next((line[3:] for line in data.decode("utf-8", "replace").splitlines()
+                     if line.startswith("0::")), "")
 
     def alive(self, proc):
         """Is proc (pid and start time) still alive? A look that fails claims
@@ -1073,11 +1083,9 @@ class _Pin(_HoldsFd):
             _quietly_signal(self.proc.pid, sig)
             return
         # Exited since the proof, or setuid: /proc decides what is left.
-        if hasattr(signal, "pidfd_send_signal"):  # (3.9+: see _pidfd_open)
-            _ignoring((ProcessLookupError, PermissionError), signal.pidfd_send_signal, self.fd, sig)
-        else:
-            _ignoring((ProcessLookupError, PermissionError), _libc().call, "syscall",
-                      _SYS_PIDFD_SEND_SIGNAL, self.fd, sig, None, 0)
+        send = getattr(signal, "pidfd_send_signal", None) or (  # (3.9+: see _pidfd_open)
+            lambda fd, sig: _libc().call("syscall", _SYS_PIDFD_SEND_SIGNAL, fd, sig, None, 0))
+        _ignoring((ProcessLookupError, PermissionError), send, self.fd, sig)
 
 
 def _closed(*holders):
@@ -1096,12 +1104,10 @@ class _PinWaiter(object):
     def __init__(self, fs, record, pins):
         self.fs, self.record, self.all_pins = fs, record, pins
         exited = set(_wait_ready([p.fd for p in pins if p.fd is not None], (), 0))
-        self.pins = []
+        self.pins = [pin for pin in pins if pin.fd not in exited]
         for pin in pins:
             if pin.fd in exited:
                 record.exited(pin.proc)
-            else:
-                self.pins.append(pin)
         self.delay = _EXIT_POLL_FIRST
 
     def done(self):
@@ -1586,9 +1592,8 @@ class _Cgroup(object):
         descriptor."""
         pids = [int(word) for word in self.read("cgroup.procs").split()]
         for name in _subdirectories(self.fd):
-            try:
-                below = self.child(name)
-            except FileNotFoundError:
+            below = _ignoring(FileNotFoundError, self.child, name)
+            if below is None:
                 continue  # removed meanwhile (the nested supervisor is done)
             try:
                 pids.extend(below.procs())
@@ -1669,9 +1674,8 @@ class _Cgroup(object):
         for name in _subdirectories(self.fd):
             if not name.startswith("treereap-"):
                 continue
-            try:
-                fd = os.open(name, _DIR_NOFOLLOW, dir_fd=self.fd)
-            except OSError:
+            fd = _ignoring(OSError, os.open, name, _DIR_NOFOLLOW, dir_fd=self.fd)
+            if fd is None:
                 continue  # removed meanwhile
             try:
                 mark = _mark(fd)
@@ -1843,8 +1847,7 @@ def _open_home(fs, mount_point, path, judge):
 def _judge_home(fd, directory, path):
     """Is this cgroup ours to make children in (see _find_cgroup_home)?"""
     _check_not_managed(directory, path)
-    controllers = _read_to_end(os.open("cgroup.subtree_control", os.O_RDONLY | os.O_CLOEXEC,
-                                       dir_fd=fd), close=True).split()
+    controllers = _read_path("cgroup.subtree_control", dir_fd=fd).split()
     if controllers and path != "/":
         raise _NoCgroup("our cgroup %s enables controllers below it (%s), so it cannot have "
                         "a child that holds processes" % (path, " ".join(
@@ -1871,13 +1874,8 @@ def _check_not_managed(directory, path):
 
 
 def _delegated(directory):
-    for name in ("trusted.delegate", "user.delegate"):
-        try:
-            if os.getxattr(directory, name) == b"1":
-                return True
-        except (OSError, AttributeError):
-            pass
-    return False
+    return any(_ignoring((OSError, AttributeError), lambda: os.getxattr(directory, name)) == b"1"
+               for name in ("trusted.delegate", "user.delegate"))
 
 
 def _unescape(field):
@@ -2199,8 +2197,7 @@ class _CgroupContainment(object):
         return self.walker.kill_round(scope, endtime)
 
     def confirm(self, scope, endtime, walk):
-        return ([], False) if self.cgroup.populated() else self.walker.confirm(
-            scope, endtime, walk)
+        return ([], False) if self.cgroup.populated() else self.walker.confirm(scope, endtime, walk)
 
     def preserved(self, look, endtime):
         """The roots of what is kept (everything: the run's cgroup, then the
@@ -2393,12 +2390,9 @@ class _SignalCatcher(object):
         than delivered to the caller's handlers."""
         if self.fd is not None:
             _signalfd(self.handled, self.fd)  # the held ones too: all are this run's
-            try:
-                for _ in range(_DISCARD_LIMIT // _SIGNAL_BATCH):
-                    if not os.read(self.fd, _SIGINFO_SIZE * _SIGNAL_BATCH):
-                        break
-            except BlockingIOError:
-                pass
+            for _ in range(_DISCARD_LIMIT // _SIGNAL_BATCH):  # (None: nothing left)
+                if not _ignoring(BlockingIOError, os.read, self.fd, _SIGINFO_SIZE * _SIGNAL_BATCH):
+                    break
             os.close(self.fd)
             self.fd = None
         for sig, handler in self.saved.items():
@@ -2597,12 +2591,7 @@ class _User(object):
         a child that switches first: ACLs, groups and all, as the command
         would find them."""
         read_end, write_end = _pipe()
-        try:
-            pid = _acquire("fork", os.fork)
-        except SupervisorError:
-            os.close(read_end)
-            os.close(write_end)
-            raise
+        pid = _fork(read_end, write_end)
         if pid == 0:
             try:
                 os.close(read_end)
@@ -2635,11 +2624,8 @@ def _ptrace_is_open():
     look during the run would refuse any mount inside /proc. Unreadable:
     open, the stricter answer (test_hostile.py::test_user_confirms_in_a_
     containers_default_proc)."""
-    try:
-        with open("/proc/sys/kernel/yama/ptrace_scope", "rb") as f:
-            return f.read().strip() == b"0"
-    except OSError:
-        return True
+    scope = _ignoring(OSError, _read_path, "/proc/sys/kernel/yama/ptrace_scope")
+    return scope is None or scope.strip() == b"0"
 
 
 def _try_as_user(path, how):
@@ -2815,10 +2801,9 @@ def _checked_plan(command, values):
     docker exec and kubectl exec is nobody's workdir."""
     given = values["workdir"]
     values["workdir"] = _absolute(given, "--workdir") if given else _current_directory()
-    for key, option in (("stop_file", "--stop-file"), ("output", "--output"),
-                        ("summary", "--summary")):
+    for key in ("stop_file", "output", "summary"):
         if values[key] is not None:
-            values[key] = _absolute(values[key], option)
+            values[key] = _absolute(values[key], "--" + key.replace("_", "-"))
     plan = _Plan(_check_command(command), dict(values, summary_dir=None))
     _check_limits(plan)
     # test_clients.py::test_from_the_root_directory_any_receipt_path_is_accepted
@@ -2955,8 +2940,7 @@ def _check_stop_file(path, target):
     # test_trust.py::test_a_stop_path_equal_to_the_receipt_path_is_refused
     if target is not None and path in (target.path, os.path.join(target.directory,
                                                                  *target.missing + [target.name])):
-        raise UsageError("--stop-file: %s is the receipt's path; give them different paths"
-                         % path)
+        raise UsageError("--stop-file: %s is the receipt's path; give them different paths" % path)
 
 
 def _remove_stale_at(path):
@@ -3020,10 +3004,8 @@ def _parse_signal(text, option="--signal"):
         if base.startswith("SIG_") or (sign and base not in ("SIGRTMIN", "SIGRTMAX")):
             number = None
         if number is not None and sign:
-            try:
-                number += int(offset)
-            except ValueError:
-                number = None
+            offset = _ignoring(ValueError, int, offset)
+            number = None if offset is None else number + offset
     if number != 0 and number not in _VALID_SIGNALS:
         raise UsageError("%s: unknown signal %r (a name such as TERM or INT, a number, or 0 "
                          "for none)" % (option, text))
@@ -3288,12 +3270,7 @@ class _CtrlC(_HoldsFd):
 
     def __init__(self, pgid):
         self.fd, write_end = _pipe()
-        try:
-            parent, self.pid = os.getpid(), _acquire("fork", os.fork)
-        except BaseException:  # (the caller of supervise() keeps no descriptor of ours)
-            os.close(write_end)
-            os.close(self.fd)
-            raise
+        parent, self.pid = os.getpid(), _fork(write_end, self.fd)
         if self.pid == 0:
             try:
                 os.setpgid(0, pgid)
@@ -3349,21 +3326,17 @@ def _take_back_terminal(run):
     never from a live group that is not the run's."""
     if run.terminal is None or run.pid is None:
         return
-    try:
-        foreground = os.tcgetpgrp(run.terminal)
-    except OSError:
-        return
-    if foreground != os.getpgrp() and (foreground == run.pid or not _group_exists(foreground)):
+    foreground = _ignoring(OSError, os.tcgetpgrp, run.terminal)
+    if foreground is not None and foreground != os.getpgrp() and (
+            foreground == run.pid or not _group_exists(foreground)):
         _give_terminal(run.terminal, os.getpgrp())
 
 
 def _group_exists(pgid):
     try:
-        os.killpg(pgid, 0)
+        _ignoring(PermissionError, os.killpg, pgid, 0)  # (members we may not signal: it exists)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        pass
     return True
 
 
@@ -3638,7 +3611,7 @@ def _run_and_end(run):
             _ignoring(Exception, _drain, run, _enter(run, "draining"))
         if run.state != "done":
             _enter(run, "done")
-        _reap_after_failure(run)
+        _ignoring(Exception, _reap_after_failure, run)  # best effort, as the drain above
         _note_survivors(run)
 
 
@@ -4240,10 +4213,8 @@ def _account(run):
     outcome.ended_wall, outcome.ended = time.time(), _now()
     _take_back_terminal(run)
     _closed(run.watch)  # the lookout, reaped
-    try:
-        outcome.held = run.containment.finish(run.look)
-    except OSError:
-        pass  # a cgroup that cannot be read or removed: it stays, and is named
+    # A cgroup that cannot be read or removed: it stays, and is named.
+    outcome.held = _ignoring(OSError, run.containment.finish, run.look) or outcome.held
     events = (outcome.held["usage"] or {}).get("memory_events") or {}
     if events.get("oom_kill"):  # the run's own limit counts an oom; another OOM killer, none
         outcome.oom_killed_by = "run" if events.get("oom") else "outside"
@@ -4336,14 +4307,12 @@ def _fail(run, error):
 
 def _reap_after_failure(run):
     """The command was SIGKILLed: wait for it (within cleanup_timeout), then
-    reap it, so that an API caller is left no zombie."""
-    try:
-        endtime = _by(run, _cleanup_budget(run.plan))
-        while not _command_exited(run) and _now() < endtime:
-            _wait(run, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
-        _reap_command(run)
-    except Exception:
-        pass
+    reap it, so that an API caller is left no zombie. Best effort: its
+    caller ignores what fails here (what failed the run may fail again)."""
+    endtime = _by(run, _cleanup_budget(run.plan))
+    while not _command_exited(run) and _now() < endtime:
+        _wait(run, min(endtime, _now() + _DRAIN_ROUND_LIMIT))
+    _reap_command(run)
 
 
 def _abandon(run):
@@ -4361,17 +4330,13 @@ def _release(run):
     steps = [lambda: _take_back_terminal(run)]
     if run.oom_score_adj is not None:  # (an API caller gets its own back)
         steps.append(lambda: _oom_score_adj(run.fs, run.oom_score_adj))
-    for part in (run.watch, run.report, run.output, run.ctrl_c, run.look, run.containment,
-                 run.budget, run.fs, run.catcher):
-        if part is not None:
-            steps.append(part.close)
+    steps += [part.close for part in (run.watch, run.report, run.output, run.ctrl_c, run.look,
+                                      run.containment, run.budget, run.fs, run.catcher)
+              if part is not None]
     if run.subreaper_before is False:
         steps.append(lambda: _set_subreaper(False))
     for step in steps:
-        try:
-            step()
-        except Exception:
-            pass
+        _ignoring(Exception, step)
 
 
 # --- The receipt ----------------------------------------------------------------------------------
@@ -5023,8 +4988,7 @@ def _help():
     lines = []
     for flags, _, kind, _, _, text in _OPTIONS:
         if flags:
-            metavar, _, what = text.partition(" ") if _takes_value((0, 0, kind)) else (
-                "", "", text)
+            metavar, _, what = text.partition(" ") if _takes_value((0, 0, kind)) else ("", "", text)
             lines += ["  " + " ".join([", ".join(flags), metavar]).rstrip(),
                       textwrap.fill(what, 79, initial_indent=" " * 6, subsequent_indent=" " * 6)]
     return _USAGE % {"prog": _PROG, "options": "\n".join(lines)}
@@ -5089,9 +5053,8 @@ def _parse_args(argv):
         values["prepare_cgroup"])
     if alone and command:
         raise UsageError("%s runs no command: drop %s" % (alone, command[0]))
-    if not alone:
-        if values["timeout"] is None or not command:
-            raise UsageError(_what_to_write(argv, command, values["timeout"]))
+    if not alone and (values["timeout"] is None or not command):
+        raise UsageError(_what_to_write(argv, command, values["timeout"]))
     return None, values, command
 
 
@@ -5210,15 +5173,13 @@ def main(argv=None):
         plan, target = _checked_plan(command, values)
         summary_dir = plan.summary_dir
         if new_session:
-            plan.stop_with_parent, plan.relay = _relay_into_new_session(
-                plan.stop_with_parent), True
+            plan.stop_with_parent, plan.relay = _relay_into_new_session(plan.stop_with_parent), True
         run = _Run(plan)
         receipt = _execute(run)
     except SupervisorError as e:
         return _refuse(str(e), target, argv, summary_dir)
     except Exception as e:  # a bug: still one line, and the sandbox is suspect
-        return _refuse("internal error: %s: %s" % (type(e).__name__, e), target, argv,
-                       summary_dir)
+        return _refuse("internal error: %s: %s" % (type(e).__name__, e), target, argv, summary_dir)
     # The receipt goes to disk before anything goes to stderr: a full pipe or
     # a terminal with TOSTOP must not hold it back.
     receipt = _deliver(run, receipt, target)
@@ -5279,11 +5240,9 @@ def _exit(status):
     """Exit at once: the interpreter's teardown costs ~5 ms that a controller
     would wait for, and all we print went out through os.write already."""
     for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
+        # A stream closed, or None (its fd was closed at start): nothing to flush.
         # test_cli.py::test_help_with_stdout_closed_still_exits_0
-        except (AttributeError, OSError, ValueError):
-            pass  # closed, or None when the fd was closed at start
+        _ignoring((AttributeError, OSError, ValueError), lambda: stream.flush())
     os._exit(status)
 
 
