@@ -74,7 +74,7 @@ import _signal as signal
 # test_trust.py::test_a_look_that_fails_is_never_an_empty_one
 from _json import encode_basestring_ascii as _quoted
 
-__version__ = "3.2.0"
+__version__ = "3.3.0"
 __all__ = [
     "CLEANUP_PHASE_COUNT", "CONTAINMENTS", "DEFAULT_CLEANUP_TIMEOUT", "EXEC_TIMEOUT_SLACK",
     "EXIT_CANNOT_EXECUTE", "EXIT_FAILURE", "EXIT_KILLED", "EXIT_NOT_FOUND", "EXIT_TIMED_OUT",
@@ -5074,7 +5074,8 @@ def _what_to_write(argv, command, timeout):
     if first is not None:
         return ("the deadline is an option here, not timeout(1)'s first argument: write "
                 "--timeout %s -- %s" % (command[0], " ".join(command[1:]) or "COMMAND"))
-    taken = argv[-len(command) - 1] if command and "--" not in argv else None
+    taken = argv[-len(command) - 1] if command and "--" not in argv and len(argv) > len(
+        command) else None
     return "--timeout is required (seconds, e.g. --timeout 600 -- COMMAND)" + (
         "; the command was taken to start at %r, after %s's value: put it after --" % (
             command[0], argv[-len(command) - 2]) if taken and not taken.startswith("-") else "")

@@ -352,6 +352,7 @@ def test_every_example_a_message_gives_is_taken(tmp_path, option):
      "value: put it after --"),
     (["--timeout", "5"], "no command given: put it after --"),
     (["-v", "--", "true"], "--timeout is required (seconds, e.g. --timeout 600 -- COMMAND)"),
+    (["true"], "--timeout is required (seconds, e.g. --timeout 600 -- COMMAND)"),
 ])
 def test_a_misplaced_deadline_says_what_to_write(sandbox, args, words):
     """timeout(1)'s order, a deadline after the command, an option that
