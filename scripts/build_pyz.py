@@ -44,7 +44,8 @@ Each is compiled at optimization level 2: without docstrings (and asserts),
 which supervisor.py never reads; the pyc is 17% smaller, and loads faster.
 
 --check PYZ: does PYZ hold this supervisor.py (its sha256 in BUILD.txt and
-__main__.py, the bytes of the supervisor.py inside)? Exit 0 if so, 1 if not.
+__main__.py, the bytes of the supervisor.py inside)? Exit 0 if so, 1 if not,
+2 if PYZ cannot be read (one line naming it, and how to build it).
 (--source PATH, for the tests: another supervisor.py to build or check.)
 """
 import argparse
@@ -304,21 +305,31 @@ def check(pyz, source=SOURCE):
     """[] if pyz was built from source, else what differs."""
     with open(source, "rb") as f:
         sha256 = hashlib.sha256(f.read()).hexdigest()
+    with open(pyz, "rb") as f:  # missing, unreadable, a directory: the OSError says which
+        try:
+            archive = zipfile.ZipFile(f)
+        except zipfile.BadZipFile:
+            return ["not a zip application (built by another tool, or cut short)"]
+        with archive:
+            return _differences(archive, sha256)
+
+
+def _differences(archive, sha256):
+    """What differs between an open pyz and the source of that sha256."""
     problems = []
-    with zipfile.ZipFile(pyz) as archive:
-        names = archive.namelist()
-        for name in ("BUILD.txt", "__main__.py", SOURCE_NAME):
-            if name not in names:
-                problems.append("no %s inside" % name)
-        if problems:
-            return problems
-        built = re.search(r"^sha256: ([0-9a-f]{64})$", archive.read("BUILD.txt").decode(), re.M)
-        if not built or built.group(1) != sha256:
-            problems.append("BUILD.txt names sha256 %s" % (built.group(1) if built else "none"))
-        if ('BUILT_FROM = "%s"' % sha256) not in archive.read("__main__.py").decode():
-            problems.append("__main__.py sets another sha256")
-        if hashlib.sha256(archive.read(SOURCE_NAME)).hexdigest() != sha256:
-            problems.append("the %s inside is another one" % SOURCE_NAME)
+    names = archive.namelist()
+    for name in ("BUILD.txt", "__main__.py", SOURCE_NAME):
+        if name not in names:
+            problems.append("no %s inside" % name)
+    if problems:
+        return problems
+    built = re.search(r"^sha256: ([0-9a-f]{64})$", archive.read("BUILD.txt").decode(), re.M)
+    if not built or built.group(1) != sha256:
+        problems.append("BUILD.txt names sha256 %s" % (built.group(1) if built else "none"))
+    if ('BUILT_FROM = "%s"' % sha256) not in archive.read("__main__.py").decode():
+        problems.append("__main__.py sets another sha256")
+    if hashlib.sha256(archive.read(SOURCE_NAME)).hexdigest() != sha256:
+        problems.append("the %s inside is another one" % SOURCE_NAME)
     return problems
 
 
@@ -345,7 +356,13 @@ def main(argv=None):
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     args = parser.parse_args(argv)
     if args.check:
-        problems = check(args.check, args.source)
+        try:
+            problems = check(args.check, args.source)
+        except OSError as e:  # no such file, not readable: one line, not a traceback
+            print("build_pyz.py: cannot check %s: %s; build it: python3 scripts/build_pyz.py "
+                  "-o %s" % (e.filename or args.check, e.strerror or e, args.check),
+                  file=sys.stderr)
+            return 2
         for problem in problems:
             print("%s: %s" % (args.check, problem), file=sys.stderr)
         if not problems and not args.quiet:

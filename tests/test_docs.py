@@ -287,6 +287,47 @@ def test_every_test_a_document_names_exists(path):
     assert missing == [], "%s names tests that do not exist: %s" % (path, missing)
 
 
+# No document runs the supervisor with the current directory (or PYTHONPATH)
+# first on the module path (#37 item 9): `PYTHONPATH=DIR python3 -m
+# supervisor`, launched as root from a directory the sandbox can write, runs
+# a planted supervisor.py as root. `-I` (isolated) or `-P` (3.11+) is safe.
+MODULE_RUN = re.compile(r"\bpython[\d.]*((?:\s+-[A-Za-z]+)*)\s+-m\s*(?:supervisor|treereap)\b")
+PYTHONPATH_RUN = re.compile(r"\bPYTHONPATH=\S*\s+(?:\S*/)?python[\d.]*((?:\s+-[A-Za-z]+)*)")
+
+
+def unsafe_module_runs(text):
+    """Where a text runs the module, or python under PYTHONPATH, without -I
+    or -P (a run may wrap across lines, as prose does): [(line number, the
+    run)]."""
+    found = set()
+    for pattern in (MODULE_RUN, PYTHONPATH_RUN):
+        for match in pattern.finditer(text):
+            flags = "".join(flag.lstrip("-") for flag in match.group(1).split())
+            if "I" not in flags and "P" not in flags:
+                found.add((text.count("\n", 0, match.start()) + 1,
+                           " ".join(match.group(0).split())))
+    return sorted(found)
+
+
+def test_the_unsafe_module_run_is_recognised():
+    for text in ("PYTHONPATH=DIR python3 -m supervisor --timeout 5 -- true",
+                 "(`PYTHONPATH=DIR python3 -m\nsupervisor ...`)", "`python3 -m treereap ...`",
+                 "python3 -u -m supervisor", "env PYTHONPATH=/opt/x /usr/bin/python3.11 x.py"):
+        assert set(line for line, _ in unsafe_module_runs(text)) == {1}, text
+    for text in ("python3 -I -m supervisor", "python3 -P -m treereap", "python3 -Im supervisor",
+                 "PYTHONPATH=x python3 -I supervisor.py", "python3 -m pip install .",
+                 "python3 -I treereap.pyz", ".venv/bin/python -m pytest"):
+        assert unsafe_module_runs(text) == [], text
+
+
+@pytest.mark.parametrize("path", CURRENT)
+def test_no_document_runs_the_module_from_the_current_directory(path):
+    found = unsafe_module_runs(text_of(path))
+    assert found == [], "%s: runs the module with the current directory or PYTHONPATH first " \
+        "on the module path (a planted supervisor.py runs in its place): give python -I " \
+        "(or -P, 3.11+):\n%s" % (path, "\n".join("%d: %s" % entry for entry in found))
+
+
 # --- Options: the documents, --help and the parser say the same --------------------------------
 
 def help_text():
@@ -307,7 +348,14 @@ OTHER_TOOLS = {
     "--rootfs": "podman run", "--format": "podman inspect", "--cgroup": "runc/crun exec",
     "--fork": "unshare", "--kill-child": "unshare", "--pid": "unshare",
     "--mount-proc": "unshare", "--scope": "systemd-run",
+    "--entrypoint": "docker run", "--memory": "docker run", "--network": "docker run",
+    "--pids-limit": "docker run", "--read-only": "docker run",
+    "--grace-period": "kubectl delete", "--disable-status": "srun", "--time": "sbatch/srun",
+    "--no-wait": "ray job submit", "--submission-id": "ray job submit",
+    "--working-dir": "ray job submit", "--noprofile": "bash", "--norc": "bash",
+    "--no-build-isolation": "pip", "--no-deps": "pip", "--no-index": "pip",
     "--check": "scripts/build_pyz.py",
+    "--density-n": "scripts/bench.py", "--density-rounds": "scripts/bench.py",
     "--coverage": "scripts/bench.py", "--json": "scripts/bench.py", "--nemo": "scripts/bench.py",
     "--only": "scripts/bench.py", "--python": "scripts/bench.py", "--pyz": "scripts/bench.py",
     "--quick": "scripts/bench.py", "--density-n": "scripts/bench.py",

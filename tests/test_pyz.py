@@ -114,6 +114,28 @@ def test_check_refuses_a_pyz_of_another_source(pyz, tmp_path):
     assert result.returncode == 1 and "BUILD.txt names sha256" in result.stderr
 
 
+@pytest.mark.parametrize("what", ["missing", "a directory"])
+def test_check_of_a_path_it_cannot_read_says_so_in_one_line(tmp_path, what):
+    """--check of a missing path (the recipe's first launch) or a directory:
+    one line naming the path and how to build it, exit 2; no traceback."""
+    path = tmp_path / "treereap.pyz"
+    if what == "a directory":
+        path.mkdir()
+    result = run([PY, BUILD, "--check", str(path)])
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and "build_pyz.py -o" in lines[0], lines
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_check_of_a_file_that_is_no_zip_says_so(tmp_path):
+    path = tmp_path / "treereap.pyz"
+    path.write_bytes(b"#!/usr/bin/env python3\n")
+    result = run([PY, BUILD, "--check", str(path)])
+    assert result.returncode == 1 and result.stderr == "%s: not a zip application (built by " \
+        "another tool, or cut short)\n" % path, result.stderr
+
+
 @pytest.mark.parametrize("version", list(PYTHONS))
 def test_each_python_runs_the_pyc_compiled_for_it(pyz, version):
     result = run([PYTHONS[version], "-v", pyz, "--version"])
