@@ -388,6 +388,21 @@ def test_the_recipes_image_as_pid_1(engine, recipe):
     assert receipt["drained_count"] == 1 and receipt["timeout_s"] == 600, receipt
 
 
+def test_a_rootfs_for_podman_from_the_recipes_image(engine, recipe):
+    """The block that makes rootfs/ for Podman's --rootfs from the image:
+    the supervisor runs in it (chroot, as the runtime would enter it) and
+    no container is left."""
+    try:
+        recipe.run(block("docker export"))
+        rootfs = os.path.join(recipe.work, "rootfs")
+        result = subprocess.run(["chroot", rootfs, "python3", "/opt/treereap.pyz", "--version"],
+                                stdout=subprocess.PIPE, universal_newlines=True, timeout=120)
+        assert result.returncode == 0 and result.stdout.startswith("treereap "), result
+        assert engine.docker("ps", "-aq").strip() == ""
+    finally:
+        shutil.rmtree(os.path.join(recipe.work, "rootfs"), ignore_errors=True)
+
+
 def test_the_containers_own_limits_and_our_user(engine, recipe):
     """--read-only, --memory, --pids-limit and our --user nobody, in
     Docker's default /proc (/proc/sys read-only, /proc/keys masked, as the

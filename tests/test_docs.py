@@ -345,7 +345,7 @@ LONG_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 OTHER_TOOLS = {
     "--cap-add": "docker run", "--init": "docker run", "--name": "docker run",
     "--privileged": "docker run", "--rm": "docker run", "--security-opt": "podman run",
-    "--rootfs": "podman run", "--format": "podman inspect", "--cgroup": "runc/crun exec",
+    "--rootfs": "podman run", "--runtime": "podman run", "--format": "podman inspect", "--cgroup": "runc/crun exec",
     "--fork": "unshare", "--kill-child": "unshare", "--pid": "unshare",
     "--mount-proc": "unshare", "--scope": "systemd-run",
     "--entrypoint": "docker run", "--memory": "docker run", "--network": "docker run",
