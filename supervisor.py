@@ -253,7 +253,7 @@ _SIGNAL_NAMES.setdefault(16, "SIGSTKFLT")
 # ignores SIGPIPE and SIGXFSZ at start, and an ignored SIGCHLD breaks waits.
 _DEFAULTED_FOR_COMMAND = (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
 
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_PR_SET_PDEATHSIG, _PR_GET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 2, 38
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 _PROC_SUPER_MAGIC, _CGROUP2_SUPER_MAGIC = 0x9FA0, 0x63677270
 _CAP_SETGID, _CAP_SETUID, _CAP_SYS_PTRACE = 6, 7, 19
@@ -312,15 +312,17 @@ if not TYPE_CHECKING:  # (3.6 has no module __getattr__: a dict there)
     if sys.version_info >= (3, 7):
         del CleanupReceipt, TypedDict
 
-
-def __getattr__(name):
-    """CleanupReceipt, made when first asked for (PEP 562): a TypedDict whose
-    types are typing's names, as strings; a dict on 3.7, which has none."""
-    if name != "CleanupReceipt":
-        raise AttributeError("module %r has no attribute %r" % (__name__, name))
-    import typing
-    made = globals()[name] = getattr(typing, "TypedDict", lambda *_: dict)(name, _RECEIPT_FIELDS)
-    return made
+    # (hidden from type checkers: a misspelt name must stay an error to them)
+    def __getattr__(name):
+        """CleanupReceipt, made when first asked for (PEP 562): a TypedDict
+        whose types are typing's names, as strings; a dict on 3.7, which has
+        none."""
+        if name != "CleanupReceipt":
+            raise AttributeError("module %r has no attribute %r" % (__name__, name))
+        import typing
+        made = globals()[name] = getattr(typing, "TypedDict", lambda *_: dict)(name,
+                                                                           _RECEIPT_FIELDS)
+        return made
 
 
 # --- Linux primitives -----------------------------------------------------------------------------
@@ -374,7 +376,12 @@ def _set_subreaper(enabled):
 
 
 def _set_parent_death_signal(sig):
-    _libc().call("prctl", _PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    """Set PR_SET_PDEATHSIG; return the signal it was (an API caller's own)."""
+    libc = _libc()
+    previous = libc.ctypes.c_int(0)
+    libc.call("prctl", _PR_GET_PDEATHSIG, libc.ctypes.byref(previous), 0, 0, 0)
+    libc.call("prctl", _PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    return previous.value
 
 
 def _pidfd_open(pid):
@@ -2469,15 +2476,16 @@ class _StopFileWatch(object):
             self._answer(0)
         return self.seen
 
-    def last_look(self, seconds, fs, unanswered):
+    def last_look(self, seconds, fs, unanswered, until):
         """One more look, asked for: a stop file that came with the exit, or
         with a stop signal. No answer within `seconds` (more while the
-        lookout waits for the CPU, up to _STOP_FILE_ANSWER) is `unanswered`:
-        at an exit a stop, as a look that fails is; with a signal, none."""
+        lookout waits for the CPU, up to _STOP_FILE_ANSWER, never past `until`:
+        --stop-timeout's end) is `unanswered`: at an exit a stop, as a look
+        that fails is; with a signal, none."""
         if not self.seen:
             _ignoring(OSError, os.write, self.ask, b"?")  # EPIPE: gone, as its answers say
             # test_hostile.py::test_a_last_look_at_the_stop_file_that_does_not_answer_counts_as_a_stop
-            if self._patient_answer(seconds, fs, _now() + _STOP_FILE_ANSWER) is None:
+            if self._patient_answer(seconds, fs, min(_now() + _STOP_FILE_ANSWER, until)) is None:
                 self.seen = unanswered
         return self.seen
 
@@ -2625,7 +2633,7 @@ def _ptrace_is_open():
     open, the stricter answer (test_hostile.py::test_user_confirms_in_a_
     containers_default_proc)."""
     scope = _ignoring(OSError, _read_path, "/proc/sys/kernel/yama/ptrace_scope")
-    return scope is None or scope.strip() == b"0"
+    return scope is None or scope.strip() not in (b"1", b"2", b"3")  # (empty: masked)
 
 
 def _try_as_user(path, how):
@@ -3088,6 +3096,7 @@ class _Run(object):
         self.callers = self.reaper = self.budget = self.record = None
         self.output = self.terminal = self.ctrl_c = self.subreaper_before = None
         self.oom_score_adj = None       # the caller's, which ours was before it was -1000
+        self.death_signal_before = None  # the caller's, before --stop-with-parent's
 
 
 def _cleanup_budget(plan, state=None):
@@ -3637,7 +3646,7 @@ def _prepare(run):
     if parent is not None:
         # The parent's death arrives as SIGTERM; a parent that died before we
         # asked shows as a new parent pid.
-        _set_parent_death_signal(signal.SIGTERM)
+        run.death_signal_before = _set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != parent:
             run.catcher.note([signal.SIGTERM])
     run.callers.note(run.fs, run.reaper.children)
@@ -3933,7 +3942,8 @@ def _why_stop(run):
         # The stop file, then a stop signal (NeMo Gym's stop), read in either
         # order: one request, the stop file's. test_nemo.py::test_the_
         # controllers_stop_keeps_the_commands_grace
-        stop_file = run.watch is not None and run.watch.last_look(_STOP_BURST, run.fs, False)
+        stop_file = run.watch is not None and run.watch.last_look(_STOP_BURST, run.fs, False,
+                                                                  run.hard_end)
         return ("stop_file", None) if stop_file else ("signal", sig)
     if now >= run.endtime:
         return "timeout", None
@@ -3998,7 +4008,7 @@ def _leave_running(run):
         _quietly_signal(run.ctrl_c.pid, signal.SIGKILL)
     if run.outcome.stop_reason is None:
         if run.watch is not None:
-            run.watch.last_look(_STOP_FILE_ANSWER, run.fs, True)
+            run.watch.last_look(_STOP_FILE_ANSWER, run.fs, True, run.hard_end)
         _take_back_terminal(run)
 
 
@@ -4034,7 +4044,7 @@ def _stop_and_wait(run, look, endtime):
     waiter = run.containment.stop(look, run.outcome.run_signal, endtime)
     try:
         if not _wait_for(run, waiter, endtime, interruptible=True):
-            run.outcome.killed, spent = True, _now() >= run.cpu_check_at
+            run.outcome.killed, spent = True, _cpu_time_spent(run)  # (a read due is not spent)
             if spent and run.outcome.stop_reason is None:
                 _decide_stop(run, "cpu_time")  # a natural exit's grace spent it
             _say(run, "the run spent its CPU time: SIGKILL" if spent else
@@ -4335,6 +4345,9 @@ def _release(run):
               if part is not None]
     if run.subreaper_before is False:
         steps.append(lambda: _set_subreaper(False))
+    # test_api.py::test_stop_with_parent_gives_the_caller_its_death_signal_back
+    if run.death_signal_before is not None:
+        steps.append(lambda: _set_parent_death_signal(run.death_signal_before))
     for step in steps:
         _ignoring(Exception, step)
 
@@ -5070,15 +5083,18 @@ def _what_to_write(argv, command, timeout):
     if any(arg.partition("=")[0] == "--timeout" for arg in command):
         return ("--timeout after the command is the command's own argument: put it before, "
                 "as in --timeout 600 -- COMMAND")
-    first = _ignoring(UsageError, parse_duration, command[0]) if command else None
-    if first is not None:
+    # [option, value] before a command that no -- began: a path's or a name's value
+    taken = argv[-len(command) - 2:-len(command)] if command and "--" not in argv else []
+    kind = (_option(taken[0]) or (None,) * 3)[2] if len(taken) == 2 else None
+    if kind in ("path", "text") and not taken[1].startswith("-"):
+        return ("--timeout is required (seconds, e.g. --timeout 600 -- COMMAND); if %r was the "
+                "command, %s took it as its value: put the command after --" % tuple(taken[::-1]))
+    if command and _ignoring(UsageError, parse_duration, command[0]) is not None:
+        import shlex
         return ("the deadline is an option here, not timeout(1)'s first argument: write "
-                "--timeout %s -- %s" % (command[0], " ".join(command[1:]) or "COMMAND"))
-    taken = argv[-len(command) - 1] if command and "--" not in argv and len(argv) > len(
-        command) else None
-    return "--timeout is required (seconds, e.g. --timeout 600 -- COMMAND)" + (
-        "; the command was taken to start at %r, after %s's value: put it after --" % (
-            command[0], argv[-len(command) - 2]) if taken and not taken.startswith("-") else "")
+                "--timeout %s -- %s" % (command[0], " ".join(map(shlex.quote, command[1:])) or
+                                        "COMMAND"))
+    return "--timeout is required (seconds, e.g. --timeout 600 -- COMMAND)"
 
 
 def _split_option(arg):

@@ -179,6 +179,25 @@ def test_supervise_takes_stop_with_parent_as_a_pid():
     assert len(lines) == 4 and all("give a pid" in line for line in lines[1:]), lines
 
 
+def test_stop_with_parent_gives_the_caller_its_death_signal_back():
+    """stop_with_parent sets the caller's PR_SET_PDEATHSIG for the run (the
+    parent's death as SIGTERM); after supervise() returns, the caller has
+    its own again (none, or one it set), as it has its handlers back: else a
+    later death of its parent would SIGTERM it."""
+    code = ("import ctypes, os, signal, supervisor as s\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "def death_signal():\n"
+            "    v = ctypes.c_int(0)\n"
+            "    libc.prctl(2, ctypes.byref(v), 0, 0, 0)\n"  # PR_GET_PDEATHSIG
+            "    return v.value\n"
+            "for own in (0, signal.SIGUSR1):\n"
+            "    libc.prctl(1, own, 0, 0, 0)\n"  # PR_SET_PDEATHSIG
+            "    r = s.supervise(['true'], 30, 1, stop_with_parent=os.getppid())\n"
+            "    print(r['cleanup_confirmed'], death_signal() == own)\n")
+    lines = run_python(code).stdout.splitlines()
+    assert lines == ["True True", "True True"], lines
+
+
 def test_end_kept_api_and_a_receipt_that_kept_nothing():
     code = ("import os, supervisor as s\n"
             "ns = dict((k, os.readlink('/proc/self/ns/' + k)) for k in ('pid', 'cgroup'))\n"

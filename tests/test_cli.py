@@ -348,8 +348,11 @@ def test_every_example_a_message_gives_is_taken(tmp_path, option):
     (["--", "echo", "hi", "--timeout", "5"], "--timeout after the command is the command's "
      "own argument: put it before"),
     (["10", "true"], "write --timeout 10 -- true"),
-    (["--receipt", "echo", "hi"], "the command was taken to start at 'hi', after --receipt's "
-     "value: put it after --"),
+    (["--receipt", "echo", "hi"], "if 'echo' was the command, --receipt took it as its value: "
+     "put the command after --"),
+    (["--receipt", "sleep", "5"], "if 'sleep' was the command, --receipt took it as its value"),
+    (["-k", "5", "true"], "--timeout is required (seconds, e.g. --timeout 600 -- COMMAND)"),
+    (["10", "sh", "-c", "sleep 1; echo"], "write --timeout 10 -- sh -c 'sleep 1; echo'"),
     (["--timeout", "5"], "no command given: put it after --"),
     (["-v", "--", "true"], "--timeout is required (seconds, e.g. --timeout 600 -- COMMAND)"),
     (["true"], "--timeout is required (seconds, e.g. --timeout 600 -- COMMAND)"),
@@ -360,5 +363,20 @@ def test_a_misplaced_deadline_says_what_to_write(sandbox, args, words):
     write (issue 38 items 7 and 11)."""
     line = refused(sandbox, args)
     assert words in line, line
-    if args == ["--receipt", "echo", "hi"]:
-        assert not os.path.exists("echo")
+    if args[:1] == ["-k"]:  # -k's value is no command's name: no hint that it was
+        assert line.endswith("COMMAND)"), line
+
+
+@pytest.mark.parametrize("read, open_", [(b"0\n", True), (b"1\n", False), (b"2\n", False),
+                                         (b"3\n", False), (b"", True), (b"x\n", True),
+                                         (OSError(13, "denied"), True)])
+def test_ptrace_scope_is_closed_only_when_yama_says_so(monkeypatch, read, open_):
+    """--user's census counts the uid's older processes as outsiders unless
+    Yama keeps them from tracing the run (scope 1, 2, 3): anything else (a
+    file masked to nothing, unreadable) is the stricter answer, open."""
+    def fake(path, dir_fd=None):
+        if isinstance(read, Exception):
+            raise read
+        return read
+    monkeypatch.setattr(supervisor, "_read_path", fake)
+    assert supervisor._ptrace_is_open() is open_
