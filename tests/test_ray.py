@@ -97,11 +97,13 @@ def free_ports(count):
     return ports
 
 
-def free_range(size):
-    """A run of `size` free ports, for Ray's workers."""
+def free_range(size, taken):
+    """A run of `size` free ports, for Ray's workers, none of them `taken`
+    (the components' own: Ray refuses a port given twice)."""
     for _ in range(50):
         base = free_ports(1)[0]
-        if base + size < 65535 and all(_free(p) for p in range(base, base + size)):
+        if base + size < 65535 and all(_free(p) and p not in taken
+                                       for p in range(base, base + size)):
             return base
     raise AssertionError("no run of %d free ports" % size)
 
@@ -135,8 +137,9 @@ class Real(object):
             pytest.skip(why)
         self.before = set(descendants(os.getpid()))
         self.temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-        gcs, dash, client, node, objects, agent, agent_grpc, env_agent, metrics = free_ports(9)
-        workers = free_range(40)
+        ports = free_ports(9)
+        gcs, dash, client, node, objects, agent, agent_grpc, env_agent, metrics = ports
+        workers = free_range(40, ports)
         self.address = "http://127.0.0.1:%d" % dash
         self.agent = agent  # the head's job agent: a job is submitted through it
         self.env = {"PATH": "%s:%s" % (os.path.dirname(ray), os.environ["PATH"]),
